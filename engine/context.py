@@ -1,0 +1,216 @@
+"""Context: everything a strategy may touch while solving one task.
+
+A strategy calls the model only through ``ctx.generate`` / ``ctx.stream``, so
+every call is budgeted, loop-monitored and traced with its parents (making
+the task's trace a provenance DAG). ``ctx.emit`` records a strategy step and
+forwards it to a live listener (the server streams it as reasoning).
+
+One Context per task; strategies running concurrently on the same task share
+it, which is what makes the budget a per-task budget.
+
+Example:
+    >>> ctx = Context(backend, budget=Budget(max_calls=8))
+    >>> gen = await ctx.generate([Message(role="user", content="2+2?")],
+    ...                          step="draft", strategy="cot")
+    >>> gen[0].text, gen.event_id
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from engine.backends.base import Backend
+from engine.errors import BudgetExhausted
+from engine.loops import LoopDetector
+from engine.trace import StepKind, Trace, TraceEvent
+from engine.types import Completion, Message, SamplingParams, Task, Usage
+
+LoopPolicy = Literal["off", "truncate", "retry"]
+LOOP_NUDGE = "That went in circles. Stop repeating yourself and try a different approach."
+
+EventListener = Callable[[TraceEvent], None]
+TextSink = Callable[[str], Awaitable[None]]
+
+
+class Budget(BaseModel):
+    """Per-task limits. ``None`` means unlimited."""
+
+    max_calls: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_seconds: float | None = Field(None, gt=0)
+
+
+class Generation(list):
+    """The completions of one traced call, plus the id of its trace event."""
+
+    event_id: str = ""
+
+
+class Context:
+    """Per-task handle to the model, budget, trace and live event stream."""
+
+    def __init__(self, backend: Backend, *, task: Task | None = None,
+                 budget: Budget | None = None, trace: Trace | None = None,
+                 params: SamplingParams | None = None,
+                 loop_detector: LoopDetector | None = None,
+                 loop_policy: LoopPolicy = "retry",
+                 verifier: Any = None, listener: EventListener | None = None,
+                 final_sink: TextSink | None = None):
+        self.backend = backend
+        self.task = task
+        self.budget = budget or Budget()
+        self.trace = trace if trace is not None else Trace(task_id=task.id if task else "")
+        self.params = params or SamplingParams()
+        self.loop_detector = loop_detector if loop_policy != "off" else None
+        self.loop_policy = loop_policy
+        self.verifier = verifier
+        self.listener = listener
+        self.final_sink = final_sink
+        self.usage = Usage()
+        self.started = time.monotonic()
+        self._shared = self  # inner contexts account into the root
+
+    def inner(self) -> Context:
+        """A view for an inner strategy: same budget, trace and usage, but its
+        generations are not the user-visible final answer."""
+        child = object.__new__(Context)
+        child.__dict__.update(self.__dict__)
+        child.final_sink = None
+        return child
+
+    # -- budget -------------------------------------------------------------------------
+
+    @property
+    def spent(self) -> Usage:
+        return self._shared.usage
+
+    def remaining_seconds(self) -> float | None:
+        if self.budget.max_seconds is None:
+            return None
+        return self.budget.max_seconds - (time.monotonic() - self._shared.started)
+
+    def _admit(self, params: SamplingParams, n: int) -> SamplingParams:
+        """Refuse a call the budget cannot afford; shrink max_tokens to what is left."""
+        u, b = self.spent, self.budget
+        if b.max_calls is not None and u.calls + 1 > b.max_calls:
+            raise BudgetExhausted(f"call budget of {b.max_calls} spent")
+        left = self.remaining_seconds()
+        if left is not None and left <= 0:
+            raise BudgetExhausted(f"time budget of {b.max_seconds}s spent")
+        if b.max_tokens is not None:
+            room = b.max_tokens - u.total_tokens
+            if room <= 0:
+                raise BudgetExhausted(f"token budget of {b.max_tokens} spent")
+            # Prompt tokens are unknown until tokenised; the per-sample cap keeps
+            # the overshoot of one call bounded by its prompt.
+            per_sample = max(1, room // n)
+            if per_sample < params.max_tokens:
+                params = params.but(max_tokens=per_sample)
+        return params
+
+    def _account(self, comps: Sequence[Completion]) -> Usage:
+        # Parallel samples share one prompt: count it once, as vLLM computes it once.
+        used = Usage(prompt_tokens=comps[0].prompt_tokens if comps else 0,
+                     completion_tokens=sum(c.completion_tokens for c in comps), calls=1)
+        self._shared.usage = self._shared.usage + used
+        return used
+
+    async def _timed(self, aw: Awaitable[Any]) -> Any:
+        left = self.remaining_seconds()
+        if left is None:
+            return await aw
+        try:
+            return await asyncio.wait_for(aw, timeout=left)
+        except TimeoutError as exc:
+            raise BudgetExhausted(f"time budget of {self.budget.max_seconds}s spent") from exc
+
+    # -- model calls --------------------------------------------------------------------
+
+    async def generate(self, messages: Sequence[Message], params: SamplingParams | None = None,
+                       *, n: int | None = None, step: StepKind = "draft", strategy: str = "",
+                       parents: Sequence[str] = (), final: bool = False) -> Generation:
+        """Sample ``n`` completions of ``messages`` (traced, budgeted, loop-watched).
+
+        ``final=True`` marks the user-visible answer: with a live sink and n=1 the
+        text is streamed to the client token by token as it is generated.
+
+        Raises:
+            BudgetExhausted: the call does not fit the remaining budget.
+        """
+        params = params or self.params
+        n = params.n if n is None else n
+        params = self._admit(params, n)
+        t0 = time.monotonic()
+        if final and self.final_sink is not None and n == 1:
+            comps = [await self._timed(self._stream_final(messages, params))]
+        else:
+            comps = await self._timed(self.backend.generate(
+                messages, params, n=n, monitor=self.loop_detector))
+        used = self._account(comps)
+        gen = Generation(comps)
+        gen.event_id = self.record(TraceEvent(
+            kind="generation", step=step, strategy=strategy, parents=list(parents),
+            seconds=time.monotonic() - t0, messages=list(messages),
+            params=params.model_dump(exclude_defaults=True), completions=comps, usage=used))
+        if self.loop_policy == "retry" and any(c.finish_reason == "loop" for c in comps):
+            gen = await self._retry_loops(messages, params, gen, strategy)
+        return gen
+
+    async def _stream_final(self, messages: Sequence[Message],
+                            params: SamplingParams) -> Completion:
+        assert self.final_sink is not None
+        last = None
+        async for delta in self.backend.stream(messages, params, monitor=self.loop_detector):
+            if delta.text:
+                await self.final_sink(delta.text)
+            last = delta
+        assert last is not None and last.completion is not None
+        return last.completion
+
+    async def _retry_loops(self, messages: Sequence[Message], params: SamplingParams,
+                           gen: Generation, strategy: str) -> Generation:
+        """One retry per looping sample, with the cut text and a nudge in context."""
+        async def retry(c: Completion) -> Completion:
+            if c.finish_reason != "loop":
+                return c
+            try:
+                p = self._admit(params, 1)
+            except BudgetExhausted:
+                return c
+            turn = [*messages, Message(role="assistant", content=c.text),
+                    Message(role="user", content=LOOP_NUDGE)]
+            [r] = await self._timed(self.backend.generate(turn, p, n=1,
+                                                          monitor=self.loop_detector))
+            return r
+
+        comps = await asyncio.gather(*(retry(c) for c in gen))
+        retried = [c for c, old in zip(comps, gen, strict=True) if c is not old]
+        used = Usage()
+        for c in retried:
+            used = used + self._account([c])
+        out = Generation(comps)
+        out.event_id = self.record(TraceEvent(
+            kind="generation", step="loop_retry", strategy=strategy, parents=[gen.event_id],
+            completions=retried, usage=used, data={"nudge": LOOP_NUDGE}))
+        return out
+
+    # -- events -------------------------------------------------------------------------
+
+    def record(self, event: TraceEvent) -> str:
+        eid = self.trace.add(event)
+        if self.listener is not None:
+            # Listeners are live views (the server's reasoning stream); they must
+            # not block the strategy, so they are plain callbacks (queue puts).
+            self.listener(event)
+        return eid
+
+    def emit(self, step: StepKind, text: str = "", *, strategy: str = "",
+             parents: Sequence[str] = (), **data: Any) -> str:
+        """Record a strategy step (a vote, a critique's scores, a chosen candidate)."""
+        return self.record(TraceEvent(kind="step", step=step, strategy=strategy,
+                                      parents=list(parents), text=text, data=data))

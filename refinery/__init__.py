@@ -1,0 +1,18 @@
+"""refinery: inference-time reasoning and refinement over a batched vLLM backend.
+
+The face of the project: re-exports the public API of the packages below it.
+"""
+
+from engine.backends.base import Backend
+from engine.context import Budget, Context
+from engine.errors import RefineryError
+from engine.run import run, solve_one
+from engine.trace import Trace, TraceWriter, read_traces
+from engine.types import Attempt, Completion, Message, SamplingParams, Task, Usage
+
+__all__ = [
+    "Attempt", "Backend", "Budget", "Completion", "Context", "Message", "RefineryError",
+    "SamplingParams", "Task", "Trace", "TraceWriter", "Usage", "read_traces", "run",
+    "solve_one",
+]
+__version__ = "0.1.0"

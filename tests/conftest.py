@@ -1,0 +1,79 @@
+"""Shared fixtures. One real vLLM engine per test session (it takes ~45 s to
+start on 2 CPU cores), started lazily by the first test that needs it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
+if not GSM8K.exists():  # CI lays shared/ beside the clone
+    GSM8K = Path(os.environ.get("REFINERY_GSM8K", "/work/shared/data/gsm8k"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+async def vllm_backend():
+    from engine.backends.vllm import VLLMBackend
+
+    backend = await VLLMBackend.create("smollm2-135m")
+    yield backend
+    await backend.aclose()
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    from engine.models import resolve_model
+
+    return resolve_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(model_path, tmp_path_factory):
+    """vLLM's own OpenAI server on 127.0.0.1 (as documented in ARCHITECTURE.md)."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+             "--served-model-name", "smollm2-135m", "--host", "127.0.0.1", "--port", str(port),
+             "--enforce-eager", "--max-model-len", "2048", "--disable-log-stats"],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM server exited: {log.read_text()[-2000:]}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM server not ready: {log.read_text()[-2000:]}")
+            time.sleep(1)
+        yield url + "/v1"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()

@@ -1,0 +1,123 @@
+"""VLLMBackend against the real embedded model through real vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from pydantic import ValidationError
+
+from engine.backends.vllm import VLLMBackend, VLLMConfig
+from engine.errors import (
+    EngineStartError,
+    InvalidRequestError,
+    PromptTooLongError,
+    UnknownModelError,
+)
+from engine.types import Message, SamplingParams
+
+pytestmark = pytest.mark.e2e
+
+Q = [Message(role="user", content="What is 2+2? Answer briefly.")]
+
+
+async def wait_idle(backend, timeout=10.0):
+    for _ in range(int(timeout / 0.1)):
+        if backend.num_unfinished_requests() == 0:
+            return 0
+        await asyncio.sleep(0.1)
+    return backend.num_unfinished_requests()
+
+
+async def test_greedy_answer_and_usage_match_tokenizer(vllm_backend):
+    [c] = await vllm_backend.generate(Q, SamplingParams(temperature=0, max_tokens=24))
+    assert "4" in c.text
+    assert c.finish_reason in ("stop", "length")
+    tok = vllm_backend.tokenizer
+    chat = tok.apply_chat_template([m.model_dump() for m in Q], tokenize=False,
+                                   add_generation_prompt=True)
+    assert c.prompt_tokens == len(tok.encode(chat, add_special_tokens=False))
+    # Completion tokens: the text re-encoded, plus the end-of-turn token on a stop.
+    expect = len(tok.encode(c.text, add_special_tokens=False))
+    assert c.completion_tokens - (c.finish_reason == "stop") == expect
+
+
+async def test_sixteen_concurrent_calls_all_return(vllm_backend):
+    qs = [[Message(role="user", content=f"Name the number {i}.")] for i in range(16)]
+    outs = await asyncio.gather(*(vllm_backend.generate(q, SamplingParams(max_tokens=12))
+                                  for q in qs))
+    assert len(outs) == 16
+    assert all(len(o) == 1 and o[0].completion_tokens > 0 for o in outs)
+
+
+async def test_n4_gives_four_distinct_samples(vllm_backend):
+    outs = await vllm_backend.generate(
+        [Message(role="user", content="Write a short poem about rivers.")],
+        SamplingParams(temperature=1.0, max_tokens=24), n=4)
+    assert len(outs) == 4
+    assert len({o.text for o in outs}) == 4
+
+
+async def test_stream_is_incremental_and_equals_generate(vllm_backend):
+    params = SamplingParams(temperature=0, max_tokens=40)
+    msgs = [Message(role="user", content="List three colours.")]
+    pieces, final = [], None
+    async for d in vllm_backend.stream(msgs, params):
+        if d.text:
+            pieces.append(d.text)
+        if d.completion is not None:
+            final = d.completion
+    [whole] = await vllm_backend.generate(msgs, params)
+    assert len(pieces) > 3  # token by token, not one blob
+    assert "".join(pieces) == whole.text == final.text
+    assert final.completion_tokens == whole.completion_tokens
+
+
+async def test_seeded_request_leaves_engine_alive(vllm_backend):
+    [c] = await vllm_backend.generate(Q, SamplingParams(temperature=0.8, seed=1234,
+                                                        max_tokens=8))
+    assert c.completion_tokens > 0
+    assert vllm_backend.healthy
+    [again] = await vllm_backend.generate(Q, SamplingParams(temperature=0, max_tokens=8))
+    assert again.completion_tokens > 0
+
+
+async def test_cancel_aborts_the_vllm_request(vllm_backend):
+    msgs = [Message(role="user", content="Count from 1 to 1000, one number per line.")]
+    task = asyncio.ensure_future(vllm_backend.generate(
+        msgs, SamplingParams(temperature=0, max_tokens=2000)))
+    for _ in range(100):
+        await asyncio.sleep(0.05)
+        if vllm_backend.num_unfinished_requests() > 0:
+            break
+    assert vllm_backend.num_unfinished_requests() == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await wait_idle(vllm_backend) == 0
+
+
+async def test_prompt_longer_than_context_is_refused(vllm_backend):
+    long = [Message(role="user", content="word " * 5000)]
+    with pytest.raises(PromptTooLongError, match="4096"):
+        await vllm_backend.generate(long, SamplingParams(max_tokens=8))
+    assert vllm_backend.healthy
+
+
+async def test_bad_n_and_max_tokens(vllm_backend):
+    with pytest.raises(InvalidRequestError, match="n must be >= 1"):
+        await vllm_backend.generate(Q, SamplingParams(), n=0)
+    with pytest.raises(ValidationError, match="max_tokens"):
+        SamplingParams(max_tokens=-5)
+    with pytest.raises(ValidationError, match="n"):
+        SamplingParams(n=0)
+
+
+async def test_unknown_model_lists_known_ones():
+    with pytest.raises(UnknownModelError, match="smollm2-135m"):
+        await VLLMBackend.create("no-such-model")
+
+
+async def test_engine_start_failure_suggests_memory_settings():
+    with pytest.raises(EngineStartError, match="VLLM_CPU_KVCACHE_SPACE"):
+        await VLLMBackend.create("smollm2-135m", VLLMConfig(max_model_len=10_000_000))
