@@ -78,9 +78,14 @@ class Context:
     def inner(self) -> Context:
         """A view for an inner strategy: same budget, trace and usage, but its
         generations are not the user-visible final answer."""
+        return self.fork(final_sink=None)
+
+    def fork(self, **overrides: Any) -> Context:
+        """A view sharing this context's budget and usage, with some attributes
+        replaced (e.g. its own ``trace`` and ``final_sink`` for one of n choices)."""
         child = object.__new__(Context)
         child.__dict__.update(self.__dict__)
-        child.final_sink = None
+        child.__dict__.update(overrides)
         return child
 
     # -- budget -------------------------------------------------------------------------
@@ -146,7 +151,8 @@ class Context:
         n = params.n if n is None else n
         params = self._admit(params, n)
         t0 = time.monotonic()
-        if final and self.final_sink is not None and n == 1:
+        streamed = final and self.final_sink is not None and n == 1
+        if streamed:
             comps = [await self._timed(self._stream_final(messages, params))]
         else:
             comps = await self._timed(self.backend.generate(
@@ -156,8 +162,12 @@ class Context:
         gen.event_id = self.record(TraceEvent(
             kind="generation", step=step, strategy=strategy, parents=list(parents),
             seconds=time.monotonic() - t0, messages=list(messages),
-            params=params.model_dump(exclude_defaults=True), completions=comps, usage=used))
-        if self.loop_policy == "retry" and any(c.finish_reason == "loop" for c in comps):
+            params=params.model_dump(exclude_defaults=True), completions=comps, usage=used,
+            data={"final": True} if streamed else {}))
+        # A streamed final answer is already on the client's screen: a retry
+        # would contradict it, so there the loop is only truncated.
+        if (self.loop_policy == "retry" and not streamed
+                and any(c.finish_reason == "loop" for c in comps)):
             gen = await self._retry_loops(messages, params, gen, strategy)
         return gen
 

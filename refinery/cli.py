@@ -93,6 +93,49 @@ def generate(
         fail(exc)
 
 
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="bind address (loopback by default)"),
+    port: int = typer.Option(8000),
+    model: str = typer.Option("smollm2-135m", help="registered name, local dir or hub id"),
+    backend: BackendKind = typer.Option(BackendKind.vllm),
+    base_url: list[str] = typer.Option(None, help="upstream OpenAI-compatible base URL(s)"),
+    upstream_api_key: str = typer.Option(None, envvar="UPSTREAM_API_KEY"),
+    api_key_file: str = typer.Option(None, help="file of accepted API keys, one per line "
+                                     "(also: REFINERY_API_KEYS, comma-separated)"),
+    default_strategy: str = typer.Option(None, help="spec run for a plain model name "
+                                         "(default: passthrough)"),
+    max_concurrent_requests: int = typer.Option(64, min=1),
+) -> None:
+    """Serve an OpenAI-compatible API with strategies selectable per request."""
+    import uvicorn
+
+    from serving import ServerConfig, create_app, load_api_keys
+
+    config = ServerConfig(model=model, default_strategy=default_strategy,
+                          api_keys=load_api_keys(api_key_file),
+                          max_concurrent_requests=max_concurrent_requests)
+    app_ = create_app(config, backend_factory=lambda: make_backend(
+        model, backend, base_url, upstream_api_key))
+    if host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
+        typer.secho(f"warning: serving on {host} without API keys", fg="yellow", err=True)
+    uvicorn.run(app_, host=host, port=port, log_level="info")
+
+
+def _mount_subcommands() -> None:
+    from verifiers.cli import check_app
+
+    app.add_typer(check_app, name="check", help="Check an answer or a program.")
+    try:
+        from eval.cli import eval_app
+    except ImportError:  # pragma: no cover - eval extras missing
+        return
+    app.add_typer(eval_app, name="eval", help="Run and report benchmark evaluations.")
+
+
+_mount_subcommands()
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 

@@ -68,7 +68,7 @@ class OpenAIBackend:
         self._retry = dict(
             retry=retry_if_exception(_retryable),
             stop=stop_after_attempt(max_retries + 1) | stop_after_delay(max_retry_seconds),
-            wait=wait_exponential_jitter(initial=backoff_initial, max=backoff_max),
+            wait=wait_exponential_jitter(multiplier=backoff_initial, max=backoff_max),
             reraise=True,
         )
 

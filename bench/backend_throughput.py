@@ -1,0 +1,93 @@
+"""VLLMBackend (AsyncLLM, 64 concurrent callers) vs vLLM's own LLM.generate.
+
+Same prompts, same greedy settings, same engine config, each engine in a fresh
+child process; the two are run alternately (A B A B) and the best of each is
+kept, to damp the noise of a shared machine. Prints tokens/s and the ratio
+(target >= 0.9).
+
+    python bench/backend_throughput.py [--requests 64] [--max-tokens 128] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import time
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+PROMPT = "Write a short story about a robot who learns to paint, number {i}."
+
+
+def run_backend(n: int, max_tokens: int, out: mp.Queue) -> None:
+    from engine.backends.vllm import VLLMBackend
+    from engine.types import Message, SamplingParams
+
+    async def main() -> None:
+        be = await VLLMBackend.create("smollm2-135m")
+        params = SamplingParams(temperature=0, max_tokens=max_tokens)
+        msgs = [[Message(role="user", content=PROMPT.format(i=i))] for i in range(n)]
+        await be.generate(msgs[0], params)  # warm-up
+        t0 = time.perf_counter()
+        res = await asyncio.gather(*(be.generate(m, params) for m in msgs))
+        dt = time.perf_counter() - t0
+        out.put({"tokens": sum(r[0].completion_tokens for r in res), "seconds": dt})
+        await be.aclose()
+
+    asyncio.run(main())
+
+
+def run_llm(n: int, max_tokens: int, out: mp.Queue) -> None:
+    from vllm import LLM, SamplingParams
+
+    from engine.backends.vllm import VLLMConfig
+    from engine.models import resolve_model
+
+    cfg = VLLMConfig()
+    llm = LLM(model=resolve_model("smollm2-135m"), max_model_len=cfg.max_model_len,
+              enforce_eager=cfg.enforce_eager, gpu_memory_utilization=cfg.gpu_memory_utilization,
+              enable_prefix_caching=cfg.enable_prefix_caching, max_num_seqs=cfg.max_num_seqs)
+    sp = SamplingParams(temperature=0, max_tokens=max_tokens)
+    convs = [[{"role": "user", "content": PROMPT.format(i=i)}] for i in range(n)]
+    llm.chat(convs[:1], sp, use_tqdm=False)  # warm-up
+    t0 = time.perf_counter()
+    res = llm.chat(convs, sp, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    out.put({"tokens": sum(len(r.outputs[0].token_ids) for r in res), "seconds": dt})
+
+
+def measure(target, n: int, max_tokens: int) -> dict:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=target, args=(n, max_tokens, q))
+    p.start()
+    result = q.get()
+    p.join()
+    result["tok_s"] = result["tokens"] / result["seconds"]
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args()
+    ours, raw = [], []
+    for _ in range(a.rounds):
+        ours.append(measure(run_backend, a.requests, a.max_tokens))
+        raw.append(measure(run_llm, a.requests, a.max_tokens))
+    best_ours = max(ours, key=lambda r: r["tok_s"])
+    best_raw = max(raw, key=lambda r: r["tok_s"])
+    print(json.dumps({"VLLMBackend": ours, "LLM.generate": raw}, indent=1))
+    print(f"VLLMBackend  {best_ours['tok_s']:7.1f} tok/s ({best_ours['tokens']} tokens)")
+    print(f"LLM.generate {best_raw['tok_s']:7.1f} tok/s ({best_raw['tokens']} tokens)")
+    print(f"ratio {best_ours['tok_s'] / best_raw['tok_s']:.3f} (target >= 0.9)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Server settings: what one refinery server serves and the limits it enforces."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_PRESETS = {
+    "cot": "cot",
+    "sc": "sc(cot, n=8)",
+    "best_of_n": "best_of_n(cot, n=4)",
+    "critique_refine": "critique_refine",
+    "ssr": "ssr",
+    "ssr_ada": "ssr_ada",
+    "ssr_plan": "ssr_plan",
+    "sage": "sage(cot)",
+    "dei": "dei(ssr, critique_refine, sage(cot))",
+}
+
+
+@dataclass
+class ServerConfig:
+    """Settings of one server. Limits bound what any single request may spend.
+
+    ``default_strategy=None`` makes a plain model name a passthrough call;
+    ``presets`` name specs usable as ``PRESET@MODEL`` and listed by /v1/models.
+    """
+
+    model: str = "smollm2-135m"
+    default_strategy: str | None = None
+    presets: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PRESETS))
+    api_keys: frozenset[str] = frozenset()
+    max_concurrent_requests: int = 64
+    max_request_tokens: int = 200_000
+    max_request_calls: int = 512
+    max_request_seconds: float = 900.0
+    max_spec_calls: int = 2000
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_messages: int = 2048
+    default_max_tokens: int = 512
+    default_temperature: float = 0.7
+    loop_detection: bool = True
+    loop_policy: str = "retry"
+    keepalive_seconds: float = 10.0
+
+
+def load_api_keys(path: str | os.PathLike[str] | None = None) -> frozenset[str]:
+    """Keys from ``REFINERY_API_KEYS`` (comma-separated) and/or a file (one per line)."""
+    keys = {k.strip() for k in os.environ.get("REFINERY_API_KEYS", "").split(",") if k.strip()}
+    if path is not None:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        keys |= {ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")}
+    return frozenset(keys)
