@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing as mp
 import os
+import subprocess
+import sys
 import time
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
@@ -23,7 +24,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 PROMPT = "Write a short story about a robot who learns to paint, number {i}."
 
 
-def run_backend(n: int, max_tokens: int, out: mp.Queue) -> None:
+def run_backend(n: int, max_tokens: int) -> dict:
     from engine.backends.vllm import VLLMBackend
     from engine.types import Message, SamplingParams
 
@@ -35,13 +36,13 @@ def run_backend(n: int, max_tokens: int, out: mp.Queue) -> None:
         t0 = time.perf_counter()
         res = await asyncio.gather(*(be.generate(m, params) for m in msgs))
         dt = time.perf_counter() - t0
-        out.put({"tokens": sum(r[0].completion_tokens for r in res), "seconds": dt})
         await be.aclose()
+        return {"tokens": sum(r[0].completion_tokens for r in res), "seconds": dt}
 
-    asyncio.run(main())
+    return asyncio.run(main())
 
 
-def run_llm(n: int, max_tokens: int, out: mp.Queue) -> None:
+def run_llm(n: int, max_tokens: int) -> dict:
     from vllm import LLM, SamplingParams
 
     from engine.backends.vllm import VLLMConfig
@@ -57,16 +58,15 @@ def run_llm(n: int, max_tokens: int, out: mp.Queue) -> None:
     t0 = time.perf_counter()
     res = llm.chat(convs, sp, use_tqdm=False)
     dt = time.perf_counter() - t0
-    out.put({"tokens": sum(len(r.outputs[0].token_ids) for r in res), "seconds": dt})
+    return {"tokens": sum(len(r.outputs[0].token_ids) for r in res), "seconds": dt}
 
 
-def measure(target, n: int, max_tokens: int) -> dict:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=target, args=(n, max_tokens, q))
-    p.start()
-    result = q.get()
-    p.join()
+def measure(phase: str, n: int, max_tokens: int) -> dict:
+    """One phase in a fresh interpreter (a fresh engine), result as the last stdout line."""
+    out = subprocess.run([sys.executable, __file__, "--phase", phase, "--requests", str(n),
+                          "--max-tokens", str(max_tokens)], check=True, stdout=subprocess.PIPE,
+                         text=True, timeout=900)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
     result["tok_s"] = result["tokens"] / result["seconds"]
     return result
 
@@ -76,11 +76,16 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--phase", choices=["backend", "llm"], help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.phase:
+        fn = run_backend if a.phase == "backend" else run_llm
+        print(json.dumps(fn(a.requests, a.max_tokens)), flush=True)
+        return
     ours, raw = [], []
     for _ in range(a.rounds):
-        ours.append(measure(run_backend, a.requests, a.max_tokens))
-        raw.append(measure(run_llm, a.requests, a.max_tokens))
+        ours.append(measure("backend", a.requests, a.max_tokens))
+        raw.append(measure("llm", a.requests, a.max_tokens))
     best_ours = max(ours, key=lambda r: r["tok_s"])
     best_raw = max(raw, key=lambda r: r["tok_s"])
     print(json.dumps({"VLLMBackend": ours, "LLM.generate": raw}, indent=1))

@@ -94,6 +94,117 @@ def generate(
 
 
 @app.command()
+def solve(
+    question: str,
+    strategy: str = typer.Option("cot", "--strategy", "-s", help="strategy spec"),
+    model: str = typer.Option("smollm2-135m"),
+    backend: BackendKind = typer.Option(BackendKind.vllm),
+    base_url: list[str] = typer.Option(None),
+    trace: str = typer.Option(None, help="append the task's trace (JSONL) to this file"),
+    max_tokens: int = typer.Option(512, min=1, help="cap per internal generation"),
+    temperature: float = typer.Option(0.7, min=0.0, max=2.0),
+    max_calls: int = typer.Option(None, min=1, help="budget: model calls"),
+    max_total_tokens: int = typer.Option(None, min=1, help="budget: tokens over all calls"),
+    loop_policy: str = typer.Option("retry", help="off | truncate | retry"),
+) -> None:
+    """Solve QUESTION with a strategy; print the answer and a one-line summary."""
+    from engine.context import Budget
+    from engine.loops import CusumLoopDetector
+    from engine.run import solve_one
+    from engine.trace import TraceWriter
+    from engine.types import SamplingParams, Task
+    from strategies import build_with_graph
+
+    async def main() -> None:
+        from engine.graph import to_spec
+
+        strat, graph = build_with_graph(strategy)
+        be = await make_backend(model, backend, base_url)
+        try:
+            result = await solve_one(
+                strat, Task.from_prompt(question), be, spec=to_spec(graph),
+                params=SamplingParams(temperature=temperature, max_tokens=max_tokens),
+                budget=Budget(max_calls=max_calls, max_tokens=max_total_tokens),
+                loop_detector=CusumLoopDetector(), loop_policy=loop_policy)
+        finally:
+            await be.aclose()
+        if trace:
+            TraceWriter(trace).write_sync(result)
+        if result.attempt is None:
+            raise typer.Exit(_print_error(result.error or "no answer"))
+        typer.echo(result.attempt.text)
+        typer.secho(f"answer: {result.attempt.answer}", bold=True)
+        u = result.usage
+        typer.secho(f"[{to_spec(graph)}] calls={u.calls} prompt_tokens={u.prompt_tokens} "
+                    f"completion_tokens={u.completion_tokens} seconds={result.seconds:.1f}",
+                    fg="cyan", err=True)
+
+    try:
+        asyncio.run(main())
+    except RefineryError as exc:
+        fail(exc)
+
+
+def _print_error(msg: str) -> int:
+    typer.secho(f"error: {msg}", fg="red", err=True)
+    return 1
+
+
+@app.command()
+def graph(spec: str, max_calls: int = typer.Option(2000, help="refuse specs above this")) -> None:
+    """Validate SPEC, print it as mermaid text and its worst-case call count."""
+    from engine.graph import to_mermaid, to_spec, worst_case_calls
+    from strategies import build_with_graph
+
+    try:
+        _, g = build_with_graph(spec, max_calls=max_calls)
+    except RefineryError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(to_mermaid(g))
+    typer.echo(f"%% spec: {to_spec(g)}")
+    typer.echo(f"%% worst-case calls: {worst_case_calls(g)}")
+
+
+@app.command("strategies")
+def list_strategies() -> None:
+    """List the strategies with their parameters and defaults."""
+    from strategies import describe
+
+    for entry in describe():
+        alias = f" (aliases: {', '.join(entry['aliases'])})" if entry["aliases"] else ""
+        inner = f" inner={entry['inner']}" if entry["inner"] not in (0, "0") else ""
+        typer.secho(f"{entry['name']}{alias}{inner}", bold=True)
+        typer.echo(f"  {entry['doc']}")
+        for name, p in entry["params"].items():
+            typer.echo(f"  {name}: {p['type']} = {p['default']!r}  {p['description']}")
+
+
+trace_app = typer.Typer(no_args_is_help=True, help="Inspect trace files.")
+app.add_typer(trace_app, name="trace")
+
+
+@trace_app.command("show")
+def trace_show(path: str, task: str = typer.Option(None, help="only this task id"),
+               width: int = typer.Option(120)) -> None:
+    """Print each task's provenance tree from a trace JSONL file."""
+    from engine.trace import read_traces
+
+    try:
+        traces = read_traces(path)
+    except (OSError, ValueError) as exc:
+        typer.secho(f"error: cannot read {path}: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    shown = [t for t in traces if task is None or t.task_id == task]
+    if not shown:
+        typer.secho("no matching task in the file", fg="red", err=True)
+        raise typer.Exit(1)
+    for t in shown:
+        typer.echo(t.render(width=width))
+        typer.echo("")
+
+
+@app.command()
 def serve(
     host: str = typer.Option("127.0.0.1", help="bind address (loopback by default)"),
     port: int = typer.Option(8000),

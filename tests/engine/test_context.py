@@ -1,0 +1,100 @@
+"""Context: budgets, usage accounting, loop retries and final streaming."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.context import LOOP_NUDGE, Budget, Context
+from engine.errors import BudgetExhausted
+from engine.loops import LoopAlarm
+from engine.types import Completion, Message, SamplingParams
+from tests.scripted_backend import ScriptedBackend
+
+Q = [Message(role="user", content="q")]
+
+
+async def test_call_budget_refuses_the_next_call():
+    ctx = Context(ScriptedBackend([(".*", "one two three")]), budget=Budget(max_calls=2))
+    await ctx.generate(Q)
+    await ctx.generate(Q, n=3)
+    assert ctx.spent.calls == 2
+    with pytest.raises(BudgetExhausted, match="call budget of 2"):
+        await ctx.generate(Q)
+
+
+async def test_token_budget_shrinks_max_tokens_then_refuses():
+    backend = ScriptedBackend([(".*", "w " * 100)])
+    ctx = Context(backend, budget=Budget(max_tokens=60),
+                  params=SamplingParams(max_tokens=100))
+    [c] = await ctx.generate(Q)
+    assert backend.calls[0].params.max_tokens == 60  # clamped to what was left
+    assert c.finish_reason == "length"
+    with pytest.raises(BudgetExhausted, match="token budget"):
+        await ctx.generate(Q)
+    # Overshoot is bounded by one call's prompt.
+    assert ctx.spent.total_tokens <= 60 + backend.count_tokens(Q)
+
+
+async def test_inner_and_fork_share_usage():
+    ctx = Context(ScriptedBackend([(".*", "a b")]))
+    await ctx.inner().generate(Q)
+    await ctx.fork(final_sink=None).generate(Q, n=2)
+    assert ctx.spent.calls == 2
+    assert ctx.spent.completion_tokens == 2 + 4
+
+
+class LoopingBackend(ScriptedBackend):
+    """Marks the first sample of the un-nudged prompt as a loop."""
+
+    async def generate(self, messages, params, *, n=None, monitor=None):
+        comps = await super().generate(messages, params, n=n, monitor=monitor)
+        if messages[-1].content != LOOP_NUDGE and monitor is not None:
+            c = comps[0]
+            comps[0] = Completion(text="loop loop", prompt_tokens=c.prompt_tokens,
+                                  completion_tokens=50, finish_reason="loop", loop_onset=9)
+        return comps
+
+
+class AlwaysDetector:
+    def new(self):
+        class M:
+            def feed(self, text):
+                return LoopAlarm(0, 0)
+        return M()
+
+
+@pytest.mark.parametrize("policy,expect", [("retry", "fresh"), ("truncate", "loop loop")])
+async def test_loop_policy(policy, expect):
+    backend = LoopingBackend([(".*", "fresh")])
+    ctx = Context(backend, loop_detector=AlwaysDetector(), loop_policy=policy)
+    gen = await ctx.generate(Q, n=2)
+    assert gen[0].text == expect and gen[1].text == "fresh"
+    if policy == "retry":
+        retry_call = backend.calls[-1]
+        assert [m.role for m in retry_call.messages] == ["user", "assistant", "user"]
+        assert retry_call.messages[1].content == "loop loop"
+        assert ctx.spent.calls == 2
+        assert [e.step for e in ctx.trace.events] == ["draft", "loop_retry"]
+    else:
+        assert ctx.spent.calls == 1
+
+
+async def test_loop_policy_off_passes_no_monitor():
+    backend = LoopingBackend([(".*", "fresh")])
+    ctx = Context(backend, loop_detector=AlwaysDetector(), loop_policy="off")
+    [c] = await ctx.generate(Q)
+    assert c.finish_reason == "stop"
+
+
+async def test_final_generation_streams_to_the_sink():
+    pieces = []
+
+    async def sink(text):
+        pieces.append(text)
+
+    ctx = Context(ScriptedBackend([(".*", "the answer is 4")]), final_sink=sink)
+    [c] = await ctx.generate(Q, final=True)
+    assert "".join(pieces) == c.text == "the answer is 4" and len(pieces) == 4
+    assert ctx.trace.events[0].data == {"final": True}
+    await ctx.inner().generate(Q, final=True)  # inner contexts never stream
+    assert len(pieces) == 4
