@@ -1,0 +1,231 @@
+"""The Strategy base class and the one sample -> score -> select -> stop loop.
+
+A strategy is an object with a ``name``, validated ``params`` and inner
+strategies, and ``async solve(task, ctx) -> Attempt``. Everything that
+belongs to one call (candidates, scores, rounds) lives in locals or is passed
+as arguments, never on ``self``: one strategy object solves many tasks at once.
+
+:class:`LoopStrategy` is the shared loop. A subclass says how to ``propose``
+candidates for a round, how to ``score`` them, when to ``stop``, and whether
+to keep the best-scored or the last candidate; the loop does the rounds, the
+budget (a spent budget returns the best candidate so far) and the ``select``
+trace event.
+
+Example:
+    >>> class Twice(LoopStrategy):
+    ...     name = "twice"
+    ...     def rounds(self): return 2
+    ...     async def propose(self, task, ctx, rnd, last):
+    ...         return [await self.inner[0].solve(task, ctx.inner())]
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from engine.context import Context
+from engine.errors import BudgetExhausted, RefineryError, SpecError
+from engine.graph import ChildCost, format_call, non_default, validate_params
+from engine.types import Attempt, Completion, Message, Task
+from verifiers.math import extract_answer
+
+
+class StrategyParams(BaseModel):
+    """Base of every strategy's Params: strict types, unknown names refused."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Strategy:
+    """Base class: ``Strategy(*inner, **params)``.
+
+    Subclasses set ``name``, a nested ``Params`` model (the paper's defaults),
+    how many inner strategies they take and the default inner specs, and a
+    ``worst_case`` call count used by the graph to bound cost.
+    """
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type[StrategyParams]] = StrategyParams
+    min_inner: ClassVar[int] = 0
+    max_inner: ClassVar[int | None] = 0
+    default_inner: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, *inner: Strategy, **params: Any) -> None:
+        if not inner and self.default_inner:
+            # Imported here: the registry imports every strategy module.
+            from strategies.registry import build
+            inner = tuple(build(spec, max_calls=None) for spec in self.default_inner)
+        lo, hi = self.min_inner, self.max_inner
+        if len(inner) < lo or (hi is not None and len(inner) > hi):
+            raise SpecError(f"{self.name} takes {lo}..{hi} inner strategies, got {len(inner)}")
+        for s in inner:
+            if not callable(getattr(s, "solve", None)):
+                raise SpecError(f"inner strategies of {self.name} must have solve(), got {s!r}")
+        self.inner: tuple[Strategy, ...] = tuple(inner)
+        self.params = validate_params(self.name, self.Params, params)
+
+    @staticmethod
+    def worst_case(params: Any, children: Sequence[ChildCost]) -> int:
+        """Most model requests one ``solve`` can make, given the children's worst cases."""
+        return 1
+
+    async def solve(self, task: Task, ctx: Context) -> Attempt:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return format_call(self.name, [repr(s) for s in self.inner], non_default(self.params))
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class Scored:
+    """A candidate with its score in [0, 1] (``None``: not scored, e.g. the budget ran
+    out first), a tie-break key (compared after the score, higher wins), the trace
+    events of its scoring and details that go into the result's metadata."""
+
+    attempt: Attempt
+    score: float | None = None
+    tiebreak: tuple = ()
+    events: list[str] = field(default_factory=list)
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class LoopStrategy(Strategy):
+    """The shared loop: for each round, propose -> score -> stop?; then select.
+
+    ``keep="best"`` returns the highest (score, tiebreak), first seen on ties
+    (unscored candidates rank below scored ones); ``keep="last"`` returns the
+    last candidate. A ``BudgetExhausted`` in any phase ends the loop with the
+    candidates so far (``exc.partial`` may carry a phase's partial results);
+    with no candidate at all it is re-raised.
+    """
+
+    keep: ClassVar[Literal["best", "last"]] = "best"
+
+    def rounds(self) -> int:
+        return 1
+
+    async def propose(self, task: Task, ctx: Context, rnd: int,
+                      last: list[Scored]) -> list[Attempt]:
+        raise NotImplementedError
+
+    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored]:
+        return [Scored(a) for a in cands]
+
+    def stop(self, rnd: int, last: list[Scored], pool: list[Scored]) -> str | None:
+        """A reason to stop after round ``rnd``, or None to go on."""
+        return None
+
+    def select(self, pool: list[Scored]) -> Scored:
+        if self.keep == "last":
+            return pool[-1]
+        ranked = sorted(enumerate(pool), key=lambda p: (
+            p[1].score is not None, p[1].score or 0.0, *p[1].tiebreak, -p[0]))
+        return ranked[-1][1]
+
+    async def solve(self, task: Task, ctx: Context) -> Attempt:
+        pool: list[Scored] = []
+        last: list[Scored] = []
+        stopped, exhausted, rnd = "rounds", None, 0
+        for rnd in range(self.rounds()):
+            try:
+                cands = await self.propose(task, ctx, rnd, last)
+            except BudgetExhausted as exc:
+                exhausted, cands = exc, list(getattr(exc, "partial", ()))
+            if not cands:
+                break
+            try:
+                last = await self.score(task, ctx, cands)
+            except BudgetExhausted as exc:
+                exhausted = exhausted or exc
+                last = list(getattr(exc, "partial", ())) or [Scored(a) for a in cands]
+            pool.extend(last)
+            if exhausted is not None:
+                break
+            reason = self.stop(rnd, last, pool)
+            if reason:
+                stopped = reason
+                break
+        if not pool:
+            if exhausted is not None:
+                raise exhausted
+            raise RefineryError(f"{self.name} produced no candidate")
+        chosen = self.select(pool)
+        meta: dict[str, Any] = {**chosen.detail, "rounds": rnd + 1, "candidates": len(pool),
+                                "stopped": "budget" if exhausted is not None else stopped}
+        if exhausted is not None:
+            meta["budget_exhausted"] = exc_message(exhausted)
+        elif "budget_exhausted" in chosen.attempt.metadata:  # an inner strategy ran out
+            meta["budget_exhausted"] = chosen.attempt.metadata["budget_exhausted"]
+        eid = ctx.emit("select", chosen.attempt.answer or "", strategy=self.name,
+                       parents=dedupe([*chosen.attempt.events, *chosen.events]),
+                       score=chosen.score, stopped=meta["stopped"], candidates=len(pool))
+        return chosen.attempt.model_copy(update={
+            "strategy": self.name, "score": chosen.score, "events": [eid], "metadata": meta})
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def exc_message(exc: BaseException) -> str:
+    return getattr(exc, "message", None) or str(exc)
+
+
+def partial(exc: BudgetExhausted, items: Sequence[Any]) -> BudgetExhausted:
+    """``exc`` carrying the results a phase got before the budget ran out."""
+    out = BudgetExhausted(exc_message(exc))
+    out.partial = list(items)  # read by LoopStrategy.solve
+    return out
+
+
+async def gather_attempts(coros: Iterable[Awaitable[Attempt]]) -> list[Attempt]:
+    """Run inner solves concurrently; keep what finished if the budget ran out.
+
+    Raises:
+        BudgetExhausted: some runs hit the budget (``.partial`` = the others).
+    """
+    results = await asyncio.gather(*coros, return_exceptions=True)
+    done = [r for r in results if isinstance(r, Attempt)]
+    for r in results:
+        if isinstance(r, BaseException) and not isinstance(r, BudgetExhausted):
+            raise r
+    spent = next((r for r in results if isinstance(r, BudgetExhausted)), None)
+    if spent is not None:
+        raise partial(spent, done)
+    return done
+
+
+def attempt_from(comp: Completion, *, strategy: str, events: Sequence[str],
+                 text: str | None = None, **metadata: Any) -> Attempt:
+    """An Attempt for a completion (``text`` overrides the completion's text)."""
+    body = comp.text if text is None else text
+    return Attempt(text=body, answer=extract_answer(body), finish_reason=comp.finish_reason,
+                   strategy=strategy, events=list(events),
+                   metadata={"logprob": comp.logprob, "tokens": comp.completion_tokens,
+                             **metadata})
+
+
+def with_question(messages: Sequence[Message], suffix: str) -> list[Message]:
+    """The conversation with ``suffix`` appended to its last user turn."""
+    msgs = list(messages)
+    for i in range(len(msgs) - 1, -1, -1):
+        if msgs[i].role == "user":
+            msgs[i] = Message(role="user", content=f"{msgs[i].content}\n\n{suffix}")
+            return msgs
+    return [*msgs, Message(role="user", content=suffix)]
+
+
+def with_note(task: Task, note: str) -> Task:
+    """The task with extra context (a plan, a hint) added to its question."""
+    return task.model_copy(update={"messages": with_question(task.messages, note)})
+
+
+def dedupe(ids: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(i for i in ids if i))

@@ -1,0 +1,112 @@
+"""Best-of-n: n samples scored by the task's verifier or an LLM judge; keep the best."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import Field
+
+from engine.context import Context
+from engine.errors import BudgetExhausted, RefineryError
+from engine.graph import ChildCost
+from engine.types import Attempt, Message, Task
+from strategies.base import LoopStrategy, Scored, StrategyParams, gather_attempts, partial
+from strategies.cot import CoT
+from verifiers.judge import parse_score
+
+JUDGE = """You are grading a solution to a problem.
+
+Problem:
+{question}
+
+Solution:
+{solution}
+
+Check the reasoning step by step and say whether the final answer follows. Then grade the \
+solution from 1 (wrong) to 10 (certainly correct and complete). Finish with a line \
+"Score: N"."""
+
+NEUTRAL = 5.5  # an unreadable grade sits in the middle of 1..10 (our choice)
+
+
+class BestOfN(LoopStrategy):
+    """``best_of_n(inner, n=8, scorer='auto')``: sample n, score each, keep the best.
+
+    Scoring uses the task's label-free verifier (``ctx.verifier``, e.g. code
+    tests shipped with the prompt) when there is one and ``scorer`` allows it,
+    else an LLM judge: one request per candidate at temperature 0, grading
+    1-10. Ties go to the candidate sampled first. A plain ``cot`` inner
+    samples all n in one request.
+
+    Example:
+        >>> attempt = await BestOfN(CoT(), n=4, scorer="judge").solve(task, ctx)
+        >>> attempt.metadata["scorer"], attempt.score
+        ('judge', 0.9)
+    """
+
+    name = "best_of_n"
+    min_inner = max_inner = 1
+    default_inner = ("cot",)
+
+    class Params(StrategyParams):
+        n: int = Field(8, ge=1, le=64, description="samples")
+        temperature: float = Field(0.7, ge=0.0, le=2.0,
+                                   description="sampling temperature (cot inner only)")
+        scorer: Literal["auto", "verifier", "judge"] = Field(
+            "auto", description="auto: the verifier when the task has one, else the judge")
+
+    @staticmethod
+    def worst_case(params: Params, children: Sequence[ChildCost]) -> int:
+        [inner] = children
+        sampling = 1 if inner.name == "cot" else params.n * inner.calls
+        return sampling + params.n  # the judge, when there is no verifier
+
+    async def propose(self, task: Task, ctx: Context, rnd: int,
+                      last: list[Scored]) -> list[Attempt]:
+        inner = self.inner[0]
+        if isinstance(inner, CoT):
+            return await inner.sample(task, ctx.inner(), self.params.n,
+                                      temperature=self.params.temperature)
+        return await gather_attempts(inner.solve(task, ctx.inner())
+                                     for _ in range(self.params.n))
+
+    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored]:
+        use_verifier = ctx.verifier is not None and self.params.scorer != "judge"
+        scorer = self.verify if use_verifier else self.judge
+        results = await asyncio.gather(*(scorer(task, ctx, a) for a in cands),
+                                       return_exceptions=True)
+        scored = []
+        for attempt, r in zip(cands, results, strict=True):
+            if isinstance(r, BaseException) and not isinstance(r, BudgetExhausted):
+                raise r
+            scored.append(Scored(attempt) if isinstance(r, BaseException) else r)
+        spent = next((r for r in results if isinstance(r, BudgetExhausted)), None)
+        if spent is not None:
+            raise partial(spent, scored)
+        return scored
+
+    async def verify(self, task: Task, ctx: Context, attempt: Attempt) -> Scored:
+        try:
+            verdict = await ctx.verifier.verify(task, attempt.text)
+        except RefineryError as exc:  # a verifier that cannot run here: judge instead
+            judged = await self.judge(task, ctx, attempt)
+            judged.detail["verifier_error"] = str(exc)
+            return judged
+        eid = ctx.emit("judge", f"passed={verdict.passed}", strategy=self.name,
+                       parents=attempt.events, verifier=getattr(ctx.verifier, "name", ""),
+                       passed=verdict.passed, score=verdict.score)
+        return Scored(attempt, verdict.score, events=[eid], detail={"scorer": "verifier"})
+
+    async def judge(self, task: Task, ctx: Context, attempt: Attempt) -> Scored:
+        prompt = JUDGE.format(question=task.question, solution=attempt.text)
+        params = ctx.params.but(temperature=0.0, max_tokens=min(ctx.params.max_tokens, 384))
+        gen = await ctx.generate([Message(role="user", content=prompt)], params, n=1,
+                                 step="judge", strategy=self.name, parents=attempt.events)
+        grade = parse_score(gen[0].text, 1, 10).value
+        detail = {"scorer": "judge", "grade": grade if grade is not None else NEUTRAL}
+        if grade is None:
+            detail["fallback"] = "unreadable grade -> neutral"
+        return Scored(attempt, detail["grade"] / 10, events=[gen.event_id], detail=detail)
+

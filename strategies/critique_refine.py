@@ -1,0 +1,118 @@
+"""Generate -> critique on a 1-4 rubric -> refine with the directive; keep the best."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from engine.context import Context
+from engine.graph import ChildCost
+from engine.types import Attempt, Message, Task
+from strategies.base import LoopStrategy, Scored, StrategyParams, attempt_from
+from strategies.parsing import after
+
+DIMENSIONS = ("correctness", "completeness", "reasoning validity", "format")
+NEUTRAL = 2.5  # an unreadable dimension score, as in the released code
+MAX_CRITIQUE = 2000  # characters of critique shown to the refiner
+
+CRITIQUE = """Review the solution below as a strict examiner.
+
+Problem:
+{question}
+
+Solution:
+{solution}
+
+First say in one or two sentences what the problem requires. Then grade the solution \
+on each dimension from 1 (poor) to 4 (excellent), each with a one-line reason, exactly \
+in this form:
+Correctness: N - reason
+Completeness: N - reason
+Reasoning validity: N - reason
+Format: N - reason
+Summary: one sentence.
+Directive: what concretely to change in the solution."""
+
+REFINE = ("A reviewer checked your solution.\n{critique}\n\nRevise the solution following "
+          "the directive: solve the problem again step by step, fix what was criticised, "
+          "and write the final answer as \\boxed{{...}}.")
+
+
+def parse_critique(text: str) -> tuple[dict[str, float], str]:
+    """Per-dimension scores (unreadable -> 2.5) and the revision directive."""
+    scores = {}
+    for dim in DIMENSIONS:
+        m = re.search(rf"{dim}\W{{0,6}}(\d(?:\.\d+)?)", text, re.I)
+        value = float(m.group(1)) if m else NEUTRAL
+        scores[dim] = value if 1 <= value <= 4 else NEUTRAL
+    directive = (after(text, "directive:") or after(text, "summary:") or "").strip()
+    return scores, directive or "Re-check every step and correct any mistake."
+
+
+class CritiqueRefine(LoopStrategy):
+    """``critique_refine(inner, rounds=2, bar=3)``: rubric critique and directed refinement.
+
+    Draft with the inner strategy; critique it on correctness, completeness,
+    reasoning validity and format (1-4 each, unreadable = 2.5), with a summary
+    and a directive; refine with the directive. Stop when every dimension is
+    >= ``bar`` (the skip rule) or when the summed score stops rising; return
+    the best-scored attempt, not just the last. Every candidate is critiqued,
+    so ``rounds`` refinements cost 2 * rounds + 1 requests beyond the draft.
+
+    Example:
+        >>> attempt = await CritiqueRefine(CoT(), rounds=2).solve(task, ctx)
+        >>> attempt.metadata["rubric"]
+        {'correctness': 4.0, 'completeness': 3.0, 'reasoning validity': 4.0, 'format': 3.0}
+    """
+
+    name = "critique_refine"
+    min_inner = max_inner = 1
+    default_inner = ("cot",)
+
+    class Params(StrategyParams):
+        rounds: int = Field(2, ge=0, le=8, description="refinements at most")
+        bar: int = Field(3, ge=1, le=4, description="skip rule: stop when all dimensions >= bar")
+
+    @staticmethod
+    def worst_case(params: Params, children: Sequence[ChildCost]) -> int:
+        return children[0].calls + 2 * params.rounds + 1
+
+    def rounds(self) -> int:
+        return self.params.rounds + 1
+
+    async def propose(self, task: Task, ctx: Context, rnd: int,
+                      last: list[Scored]) -> list[Attempt]:
+        if rnd == 0:
+            return [await self.inner[0].solve(task, ctx.inner())]
+        [prev] = last
+        msgs = [*task.messages, Message(role="assistant", content=prev.attempt.text),
+                Message(role="user", content=REFINE.format(critique=prev.detail["critique"]))]
+        gen = await ctx.generate(msgs, step="refine",
+                                 strategy=self.name,
+                                 parents=[*prev.attempt.events, *prev.events])
+        return [attempt_from(gen[0], strategy=self.name, events=[gen.event_id], round=rnd)]
+
+    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored]:
+        [attempt] = cands
+        prompt = CRITIQUE.format(question=task.question, solution=attempt.text)
+        params = ctx.params.but(temperature=0.0)
+        gen = await ctx.generate([Message(role="user", content=prompt)], params, n=1,
+                                 step="critique", strategy=self.name, parents=attempt.events)
+        scores, directive = parse_critique(gen[0].text)
+        total = sum(scores.values())
+        eid = ctx.emit("critique", directive, strategy=self.name, parents=[gen.event_id],
+                       rubric=scores, total=total)
+        return [Scored(attempt, total / (4 * len(DIMENSIONS)), events=[gen.event_id, eid],
+                       detail={"rubric": scores, "directive": directive,
+                               # the whole critique (reasons too) guides the refiner
+                               "critique": gen[0].text.strip()[:MAX_CRITIQUE]})]
+
+    def stop(self, rnd: int, last: list[Scored], pool: list[Scored]) -> str | None:
+        [now] = last
+        if all(s >= self.params.bar for s in now.detail["rubric"].values()):
+            return "every dimension clears the bar"
+        if rnd > 0 and (now.score or 0.0) <= (pool[-2].score or 0.0):
+            return "score stopped rising"
+        return None

@@ -1,0 +1,120 @@
+"""The strategy registry: name (and aliases) -> entry, as ``engine.graph`` expects.
+
+Each entry exposes the class, its Params model, how many inner strategies it
+takes (positional arguments in a spec), its default inner strategies, and its
+worst-case call count as a function of its params and its children's worst
+cases. All of it is read off the strategy class, so a strategy is described
+in one place.
+
+Example:
+    >>> REGISTRY["self_consistency"].name
+    'sc'
+    >>> build("sc(cot, n=4)").params.n
+    4
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+import networkx as nx
+from pydantic import BaseModel
+
+from engine.graph import DEFAULT_MAX_CALLS, ChildCost, build_strategy, type_name
+from strategies.base import Strategy
+from strategies.best_of_n import BestOfN
+from strategies.cot import CoT
+from strategies.critique_refine import CritiqueRefine
+from strategies.dei import DEI
+from strategies.sage import SAGE
+from strategies.self_consistency import SelfConsistency
+from strategies.ssr import SSR
+from strategies.ssr_ada import SSRAda
+from strategies.ssr_plan import SSRPlan
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered strategy."""
+
+    cls: type[Strategy]
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    @property
+    def params(self) -> type[BaseModel]:
+        return self.cls.Params
+
+    @property
+    def min_inner(self) -> int:
+        return self.cls.min_inner
+
+    @property
+    def max_inner(self) -> int | None:
+        return self.cls.max_inner
+
+    @property
+    def default_inner(self) -> tuple[str, ...]:
+        return self.cls.default_inner
+
+    def worst_case(self, params: BaseModel, children: Sequence[ChildCost]) -> int:
+        return self.cls.worst_case(params, children)
+
+    def build(self, inner: Sequence[Any], params: dict[str, Any]) -> Strategy:
+        return self.cls(*inner, **params)
+
+    def describe(self) -> dict[str, Any]:
+        """Name, aliases, inner strategies and parameters (for ``refinery strategies``)."""
+        hi = "any" if self.max_inner is None else self.max_inner
+        return {
+            "name": self.name, "aliases": list(self.aliases),
+            "inner": self.min_inner if self.min_inner == hi else f"{self.min_inner}..{hi}",
+            "default_inner": list(self.default_inner),
+            "params": {k: {"type": type_name(f.annotation),
+                           "default": f.default, "description": f.description or ""}
+                       for k, f in self.params.model_fields.items()},
+            "doc": (self.cls.__doc__ or "").strip().splitlines()[0],
+        }
+
+
+ENTRIES: tuple[Entry, ...] = (
+    Entry(CoT, ("chain_of_thought",)),
+    Entry(SelfConsistency, ("self_consistency",)),
+    Entry(BestOfN, ("bon",)),
+    Entry(CritiqueRefine, ("critique",)),
+    Entry(SSR, ("socratic_self_refine",)),
+    Entry(SSRAda),
+    Entry(SSRPlan),
+    Entry(SAGE),
+    Entry(DEI, ("committee",)),
+)
+
+# Read-only: name or alias -> entry.
+REGISTRY = MappingProxyType({key: e for e in ENTRIES for key in (e.name, *e.aliases)})
+
+
+def build_with_graph(spec: str, *, max_calls: int | None = DEFAULT_MAX_CALLS,
+                     **limits: int) -> tuple[Strategy, nx.DiGraph]:
+    """Parse, validate and instantiate a spec with this registry: ``(strategy, graph)``.
+
+    Raises:
+        SpecError: bad spec (unknown name, bad parameter, disallowed syntax, limits).
+        BudgetError: worst-case calls above ``max_calls``.
+    """
+    return build_strategy(spec, REGISTRY, max_calls=max_calls, **limits)
+
+
+def build(spec: str, *, max_calls: int | None = DEFAULT_MAX_CALLS, **limits: int) -> Strategy:
+    """The strategy a spec describes, e.g. ``build("dei(ssr, sage(cot), votes=5)")``."""
+    return build_with_graph(spec, max_calls=max_calls, **limits)[0]
+
+
+def describe() -> list[dict[str, Any]]:
+    """Every strategy with its parameters and defaults, in registry order."""
+    return [e.describe() for e in ENTRIES]

@@ -1,0 +1,108 @@
+"""SAGE plan abstraction: rollout -> abstract a plan -> rollout again with the plan."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from engine.context import Context
+from engine.graph import ChildCost
+from engine.types import Attempt, Message, Task
+from strategies.base import LoopStrategy, Scored, StrategyParams, with_note
+
+ABSTRACT = """Here is a problem and one attempt at it.
+
+Problem:
+{question}
+
+Attempt:
+{attempt}
+
+Do not solve the problem. Write a short plan (under {words} words) that a fresh attempt \
+could follow, with these headings:
+Goal: what must be found.
+Known: the facts given.
+Key steps: the ordered steps, without computing any results.
+Dependencies: which step needs which earlier result.
+Pitfalls: constraints and easy mistakes.
+Lessons: what went wrong in the attempt above, and why.
+Do not state the final answer or any computed numbers."""
+
+NOTE = ("A plan drawn from an earlier attempt (follow it, but compute every value "
+        "yourself):\n{plan}")
+
+# Lines that give the answer away; the plan must carry the method, not the result.
+_LEAKS = re.compile(r"\\boxed|final answer|the answer is|answer\s*[:=]", re.I)
+
+
+def clean_plan(text: str) -> tuple[str, int]:
+    """The plan without lines that state an answer, and how many lines were dropped."""
+    lines = text.strip().splitlines()
+    kept = [ln for ln in lines if not _LEAKS.search(ln)]
+    return "\n".join(kept).strip(), len(lines) - len(kept)
+
+
+class SAGE(LoopStrategy):
+    """``sage(inner, rounds=1, plan_tokens=300)``: re-solve with an abstracted plan.
+
+    The inner strategy makes a first rollout; the model abstracts it into a
+    plan (goal, knowns, ordered key steps, dependencies, pitfalls, lessons
+    from the attempt; no final answer, no computed results; at most
+    ``plan_tokens`` tokens, lines stating an answer are dropped); the inner
+    strategy runs again on the task with the plan added to the question. The
+    last rollout is returned and gets the caller's context, so at the root its
+    text streams to the client.
+
+    Example:
+        >>> attempt = await SAGE(CoT()).solve(task, ctx)
+        >>> attempt.metadata["plan"][:40]
+        'Goal: the number of apples left after...'
+    """
+
+    name = "sage"
+    keep = "last"
+    min_inner = max_inner = 1
+    default_inner = ("cot",)
+
+    class Params(StrategyParams):
+        rounds: int = Field(1, ge=1, le=4, description="plan -> rollout rounds")
+        plan_tokens: int = Field(300, ge=32, le=1024, description="plan length cap")
+        temperature: float = Field(0.0, ge=0.0, le=2.0, description="plan temperature")
+
+    @staticmethod
+    def worst_case(params: Params, children: Sequence[ChildCost]) -> int:
+        return children[0].calls * (params.rounds + 1) + params.rounds
+
+    def rounds(self) -> int:
+        return self.params.rounds + 1
+
+    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored]:
+        # No scoring: SAGE keeps the last rollout; lift the plan into the result's metadata.
+        keys = ("plan", "plan_dropped_lines")
+        return [Scored(a, detail={k: a.metadata[k] for k in keys if k in a.metadata})
+                for a in cands]
+
+    async def propose(self, task: Task, ctx: Context, rnd: int,
+                      last: list[Scored]) -> list[Attempt]:
+        inner = self.inner[0]
+        if rnd == 0:
+            return [await inner.solve(task, ctx.inner())]
+        [prev] = last
+        prompt = ABSTRACT.format(question=task.question, attempt=prev.attempt.text,
+                                 words=int(self.params.plan_tokens * 0.75))
+        params = ctx.params.but(temperature=self.params.temperature,
+                                max_tokens=self.params.plan_tokens)
+        gen = await ctx.generate([Message(role="user", content=prompt)], params, n=1,
+                                 step="plan", strategy=self.name, parents=prev.attempt.events)
+        plan, dropped = clean_plan(gen[0].text)
+        eid = ctx.emit("plan", plan, strategy=self.name, parents=[gen.event_id],
+                       dropped_lines=dropped)
+        planned = with_note(task, NOTE.format(plan=plan)) if plan else task
+        # Only the last rollout is the answer: it alone gets the caller's context.
+        final = rnd == self.params.rounds
+        attempt = await inner.solve(planned, ctx if final else ctx.inner())
+        return [attempt.model_copy(update={
+            "events": [*attempt.events, eid],
+            "metadata": {**attempt.metadata, "plan": plan, "plan_dropped_lines": dropped}})]

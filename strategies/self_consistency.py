@@ -1,0 +1,88 @@
+"""Self-consistency: n samples, majority vote over normalised answers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from pydantic import Field
+
+from engine.context import Context
+from engine.graph import ChildCost
+from engine.types import Attempt, Task
+from strategies.base import LoopStrategy, Scored, StrategyParams, gather_attempts
+from strategies.cot import CoT
+from verifiers.math import normalize_answer
+
+
+def mean_logprob(attempt: Attempt) -> float | None:
+    """Per-token log-probability of one sample, if the backend reported it."""
+    lp, tokens = attempt.metadata.get("logprob"), attempt.metadata.get("tokens")
+    if lp is None or not tokens:
+        return None
+    return lp / tokens
+
+
+class SelfConsistency(LoopStrategy):
+    """``sc(inner, n=8)``: sample n solutions, return the majority answer.
+
+    With a plain ``cot`` inner the n samples are ONE backend request (vLLM
+    parallel sampling, shared prompt prefix) at ``temperature``; any other
+    inner runs n times concurrently. Answers are grouped by
+    ``normalize_answer``; samples without an answer do not vote. Ties go to
+    the group with the higher mean per-token log-probability, then to the
+    group seen first. The returned text is the first sample of the winning
+    group; ``score`` is the winning share of all samples.
+
+    Example:
+        >>> sc = SelfConsistency(CoT(), n=8)
+        >>> attempt = await sc.solve(task, ctx)
+        >>> attempt.metadata["votes"]
+        {'18': 6, '20': 2}
+    """
+
+    name = "sc"
+    min_inner = max_inner = 1
+    default_inner = ("cot",)
+
+    class Params(StrategyParams):
+        n: int = Field(8, ge=1, le=64, description="samples")
+        temperature: float = Field(0.7, ge=0.0, le=2.0,
+                                   description="sampling temperature (cot inner only)")
+
+    @staticmethod
+    def worst_case(params: Params, children: Sequence[ChildCost]) -> int:
+        [inner] = children
+        return 1 if inner.name == "cot" else params.n * inner.calls
+
+    async def propose(self, task: Task, ctx: Context, rnd: int,
+                      last: list[Scored]) -> list[Attempt]:
+        inner = self.inner[0]
+        if isinstance(inner, CoT):
+            return await inner.sample(task, ctx.inner(), self.params.n, logprobs=True,
+                                      temperature=self.params.temperature)
+        return await gather_attempts(inner.solve(task, ctx.inner())
+                                     for _ in range(self.params.n))
+
+    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored]:
+        keys = [normalize_answer(a.answer) if a.answer else "" for a in cands]
+        groups: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            if key:
+                groups.setdefault(key, []).append(i)
+        voters = sum(len(g) for g in groups.values())
+        votes = {k: len(g) for k, g in groups.items()}
+        eid = ctx.emit("vote", max(votes, key=votes.get) if votes else "", strategy=self.name,
+                       parents=[e for a in cands for e in a.events], votes=votes,
+                       abstained=len(cands) - voters)
+        scored = []
+        for i, (attempt, key) in enumerate(zip(cands, keys, strict=True)):
+            if not key:
+                scored.append(Scored(attempt, 0.0, (-math.inf, -i), [eid], {"votes": votes}))
+                continue
+            members = groups[key]
+            lps = [lp for j in members if (lp := mean_logprob(cands[j])) is not None]
+            mean_lp = sum(lps) / len(lps) if lps else -math.inf
+            scored.append(Scored(attempt, len(members) / len(cands),
+                                 (mean_lp, -members[0]), [eid], {"votes": votes}))
+        return scored

@@ -1,0 +1,193 @@
+"""Strategy specs: parsing, validation errors, worst-case cost, mermaid, round trip."""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from pydantic import BaseModel, ConfigDict
+
+from engine.errors import BudgetError, SpecError
+from engine.graph import (
+    build_strategy,
+    children,
+    parse_spec,
+    to_mermaid,
+    to_spec,
+    validate,
+    worst_case_calls,
+)
+from strategies import DEI, SAGE, SSR, CoT, CritiqueRefine, SelfConsistency
+from strategies.registry import REGISTRY
+
+COMPOSITE = "dei(ssr, critique_refine(rounds=2), sage(cot), votes=5)"
+
+
+def test_parse_keeps_order_and_literals():
+    g = parse_spec(COMPOSITE)
+    root = g.graph["root"]
+    assert g.nodes[root]["name"] == "dei" and g.nodes[root]["kwargs"] == {"votes": 5}
+    kids = children(g, root)
+    assert [g.nodes[k]["name"] for k in kids] == ["ssr", "critique_refine", "sage"]
+    assert g.nodes[kids[1]]["kwargs"] == {"rounds": 2}
+    assert parse_spec("sage(temperature=-0.0, rounds=+1)").nodes["n0"]["kwargs"] == \
+        {"temperature": -0.0, "rounds": 1}
+
+
+def test_build_composite_instantiates_the_tree():
+    strategy, g = build_strategy(COMPOSITE, REGISTRY)
+    assert isinstance(strategy, DEI) and strategy.params.votes == 5
+    ssr, cr, sage = strategy.inner
+    assert isinstance(ssr, SSR) and isinstance(ssr.inner[0], CoT)  # default inner
+    assert isinstance(cr, CritiqueRefine) and cr.params.rounds == 2
+    assert isinstance(sage, SAGE) and isinstance(sage.inner[0], CoT)
+    # ssr(cot): 1 + 5 assessments x 18 + 4 refinements x 2 = 99; critique_refine: 1 + 5;
+    # sage(cot): 2 + 1; dei: members + 2 x 3 review requests
+    assert worst_case_calls(g) == 99 + 6 + 3 + 6 == g.graph["worst_case_calls"]
+
+
+@pytest.mark.parametrize("spec, calls", [
+    ("cot", 1), ("sc(cot, n=8)", 1), ("sc(sage(cot), n=4)", 12),
+    ("best_of_n(n=3)", 4), ("critique_refine(rounds=0)", 2), ("dei(cot, cot, votes=5)", 6),
+])
+def test_worst_case_calls(spec, calls):
+    assert build_strategy(spec, REGISTRY)[1].graph["worst_case_calls"] == calls
+
+
+def test_canonical_spec_round_trip():
+    _, g = build_strategy("self_consistency(cot, n=8, temperature=0.5)", REGISTRY)
+    assert to_spec(g) == "sc(cot, temperature=0.5)"  # alias resolved, default n dropped
+    _, g = build_strategy(COMPOSITE, REGISTRY)
+    canonical = to_spec(g)
+    assert canonical == "dei(ssr(cot), critique_refine(cot), sage(cot), votes=5)"
+    _, again = build_strategy(canonical, REGISTRY)
+    assert to_spec(again) == canonical
+
+
+def test_unknown_name_suggests():
+    with pytest.raises(SpecError, match=r"unknown strategy 'ssrr'; did you mean 'ssr'\?"):
+        build_strategy("dei(ssrr, cot)", REGISTRY)
+    with pytest.raises(SpecError, match="unknown strategy 'zzz' \\(known: best_of_n, cot"):
+        build_strategy("zzz", REGISTRY)
+
+
+def test_bad_parameter_names_field_and_type():
+    with pytest.raises(SpecError, match=r"bad parameter for sc: n expects int, got 'x' \(str\)"):
+        build_strategy("sc(cot, n='x')", REGISTRY)
+    with pytest.raises(SpecError, match="n expects int, got 0 .*greater than or equal to 1"):
+        build_strategy("sc(n=0)", REGISTRY)
+    with pytest.raises(SpecError, match="early_exit expects bool, got 1"):
+        build_strategy("ssr(early_exit=1)", REGISTRY)
+    with pytest.raises(SpecError, match="scorer expects 'auto' \\| 'verifier' \\| 'judge'"):
+        build_strategy("best_of_n(scorer='vote')", REGISTRY)
+    with pytest.raises(SpecError, match=r"sc has no parameter 'nn'; did you mean 'n'\?") as e:
+        build_strategy("sc(nn=3)", REGISTRY)
+    assert e.value.param == "nn"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("__import__('os')", "'__import__' is not a strategy name"),
+    ("os.system('ls')", "attribute access"),
+    ("sc(cot).solve", "attribute access"),
+    ("sc(cot)[0]", "subscripting"),
+    ("sc(cot, n=4*2)", "arithmetic"),
+    ("sc(cot, n=[8])", "lists"),
+    ("lambda: cot", "lambda"),
+    ("sc(*cots)", r"\*args"),
+    ("sc(**opts)", r"\*\*kwargs"),
+    ("sc(cot, n=eight)", "must be a literal"),
+    ("sc(8)", "must be an inner strategy"),
+    ("sc(cot", "does not parse"),
+    ("sc(cot)()", "must be a strategy name"),
+    ("", "empty"),
+    ("sc(" * 1000, "longer than"),
+])
+def test_disallowed_syntax(spec, message):
+    with pytest.raises(SpecError, match=message):
+        parse_spec(spec)
+
+
+def test_structure_limits():
+    with pytest.raises(SpecError, match="cot takes 0 inner strategies, got 1"):
+        build_strategy("cot(cot)", REGISTRY)
+    with pytest.raises(SpecError, match="sc takes 1 inner strategy, got 2"):
+        build_strategy("sc(cot, cot)", REGISTRY)
+    with pytest.raises(SpecError, match="deeper than 3 levels"):
+        build_strategy("sc(sc(sc(cot)))", REGISTRY, max_depth=3)
+    with pytest.raises(SpecError, match="fan-out limit of 8"):
+        build_strategy("dei(" + ", ".join(["cot"] * 9) + ")", REGISTRY)
+
+
+def test_worst_case_above_bound_is_refused():
+    with pytest.raises(BudgetError, match=r"sc\(ssr\(cot\), n=32\) may make up to 3168 model"):
+        build_strategy("sc(ssr, n=32)", REGISTRY)
+    with pytest.raises(BudgetError, match="above the limit of 50"):
+        build_strategy("ssr", REGISTRY, max_calls=50)
+    assert build_strategy("ssr", REGISTRY, max_calls=None)[1].graph["worst_case_calls"] == 99
+
+
+def test_mermaid():
+    _, g = build_strategy("sc(sage(cot), n=4)", REGISTRY)
+    assert to_mermaid(g).splitlines() == [
+        "flowchart TD",
+        '    n0["sc<br/>n=4<br/><= 12 calls"]',
+        '    n1["sage<br/><= 3 calls"]',
+        '    n2["cot<br/><= 1 calls"]',
+        "    n0 --> n1",
+        "    n1 --> n2",
+    ]
+    _, g = build_strategy("cot(instruction='say \"hi\"')", REGISTRY)
+    assert "#quot;hi#quot;" in to_mermaid(g) and '"hi"' not in to_mermaid(g)
+
+
+# The engine knows nothing of the strategies package: any registry will do.
+class Knobs(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    k: int = 2
+
+
+@dataclass
+class Leaf:
+    name: str = "leaf"
+    params: type = Knobs
+    min_inner: int = 0
+    max_inner: int | None = 0
+    default_inner: tuple = ()
+
+    def worst_case(self, params, kids):
+        return params.k
+
+    def build(self, inner, params):
+        return ("leaf", params)
+
+
+@dataclass
+class Pair(Leaf):
+    name: str = "pair"
+    min_inner: int = 2
+    max_inner: int | None = 2
+    default_inner: tuple = ("leaf", "leaf(k=3)")
+
+    def worst_case(self, params, kids):
+        return sum(c.calls for c in kids) * params.k
+
+    def build(self, inner, params):
+        return ("pair", inner)
+
+
+def test_graph_with_a_foreign_registry():
+    registry = {"leaf": Leaf(), "pair": Pair()}
+    g = validate(parse_spec("pair"), registry)
+    assert to_spec(g) == "pair(leaf, leaf(k=3))" and worst_case_calls(g) == 10
+    strategy, _ = build_strategy("pair(leaf(k=5), leaf)", registry)
+    assert strategy == ("pair", [("leaf", {"k": 5}), ("leaf", {})])
+    tree = ast.parse(Path(__file__).parents[2].joinpath("engine", "graph.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not any(m.split(".")[0] == "strategies" for m in imported if m)
+
+
+def test_python_construction_matches_spec():
+    assert repr(SelfConsistency(SAGE(CoT()), n=4)) == "sc(sage(cot), n=4)"

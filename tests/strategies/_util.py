@@ -1,0 +1,43 @@
+"""Helpers shared by the strategy tests (the scripted backend does the talking)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from engine.context import Budget, Context
+from engine.types import Task
+from tests.scripted_backend import ScriptedBackend
+
+QUESTION = "Tom has 3 apples and buys 4 more. Then the pile doubles. How many apples now?"
+
+
+def task(question: str = QUESTION) -> Task:
+    return Task.from_prompt(question, id="t1")
+
+
+def ctx(backend: ScriptedBackend, *, max_calls: int | None = None, **kwargs) -> Context:
+    return Context(backend, task=task(), budget=Budget(max_calls=max_calls), **kwargs)
+
+
+def prompts(backend: ScriptedBackend, marker: str) -> list:
+    """The recorded calls whose joined prompt contains ``marker``."""
+    return [c for c in backend.calls if marker in "\n".join(m.content for m in c.messages)]
+
+
+class ProbeBackend(ScriptedBackend):
+    """Scripted backend that yields to the loop inside each call and records how many
+    calls were in flight at once (to prove concurrent batching)."""
+
+    def __init__(self, rules):
+        super().__init__(rules)
+        self.inflight = 0
+        self.peak = 0
+
+    async def generate(self, messages, params, *, n=None, monitor=None):
+        self.inflight += 1
+        self.peak = max(self.peak, self.inflight)
+        await asyncio.sleep(0.01)
+        try:
+            return await super().generate(messages, params, n=n, monitor=monitor)
+        finally:
+            self.inflight -= 1
