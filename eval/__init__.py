@@ -1,0 +1,82 @@
+"""Evaluation: datasets, lm-eval-compatible metrics, a resumable runner and reports.
+
+Imports engine, verifiers and strategies only.
+
+Example:
+    >>> from eval import EvalConfig, run_eval, write_report
+    >>> summary = await run_eval(EvalConfig(dataset="arith", strategy="cot", limit=20,
+    ...                                     out="runs/cot-arith"))
+    >>> write_report(["runs/cot-arith"], "docs", name="arith")
+"""
+
+from eval.datasets import (
+    DATASETS,
+    DatasetError,
+    Example,
+    dataset_fingerprint,
+    load_arith,
+    load_dataset,
+    load_gsm8k,
+    load_humaneval,
+    load_jsonl,
+    load_math500,
+    parse_fields,
+)
+from eval.metrics import (
+    Accuracy,
+    CostSummary,
+    Score,
+    Scorer,
+    accuracy,
+    cost_summary,
+    gsm8k_flexible_match,
+    gsm8k_strict_match,
+    mean_pass_at_k,
+    pass_at_k,
+    wilson_interval,
+)
+from eval.report import ReportFiles, RunReport, load_run, pareto_front, write_report
+from eval.runner import (
+    ConfigMismatchError,
+    EvalConfig,
+    RunAborted,
+    RunSummary,
+    read_results,
+    run_eval,
+)
+
+__all__ = [
+    "DATASETS",
+    "Accuracy",
+    "ConfigMismatchError",
+    "CostSummary",
+    "DatasetError",
+    "EvalConfig",
+    "Example",
+    "ReportFiles",
+    "RunAborted",
+    "RunReport",
+    "RunSummary",
+    "Score",
+    "Scorer",
+    "accuracy",
+    "cost_summary",
+    "dataset_fingerprint",
+    "gsm8k_flexible_match",
+    "gsm8k_strict_match",
+    "load_arith",
+    "load_dataset",
+    "load_gsm8k",
+    "load_humaneval",
+    "load_jsonl",
+    "load_math500",
+    "load_run",
+    "mean_pass_at_k",
+    "parse_fields",
+    "pareto_front",
+    "pass_at_k",
+    "read_results",
+    "run_eval",
+    "wilson_interval",
+    "write_report",
+]

@@ -1,0 +1,118 @@
+"""``refinery eval``: run a strategy on a benchmark (resumable) and report runs side by side.
+
+The lead mounts :data:`eval_app` as ``refinery eval``. Every refinery error
+(bad dataset, bad spec, a run directory holding another run) prints one line
+and exits with status 2; Ctrl-C exits 130 and the run resumes when rerun.
+
+Example:
+    $ refinery eval run --dataset arith --strategy "sc(cot, n=4)" --limit 50 --out runs/sc4
+    $ refinery eval report runs/cot runs/sc4 --out docs --name arith
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from enum import Enum
+
+import typer
+from pydantic import ValidationError
+
+from engine.errors import RefineryError
+
+__all__ = ["eval_app"]
+
+eval_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                       help="Benchmarks: resumable runs, lm-eval-compatible scoring, reports.")
+
+
+class BackendKind(str, Enum):
+    vllm = "vllm"
+    openai = "openai"
+
+
+class SplitKind(str, Enum):
+    test = "test"
+    train = "train"
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    typer.secho(f"error: {msg}", fg="red", err=True)
+    raise typer.Exit(code)
+
+
+@eval_app.command("run")
+def run_cmd(
+    dataset: str = typer.Option(..., help="gsm8k | math500 | humaneval | arith | path.jsonl"),
+    strategy: str = typer.Option(..., help='strategy spec, e.g. "sc(cot, n=4)"'),
+    out: str = typer.Option(..., help="run directory (rerun the same command to resume)"),
+    model: str = typer.Option("smollm2-135m", help="registered name, local dir or hub id"),
+    limit: int = typer.Option(None, min=0, help="first N problems (arith: N generated)"),
+    split: SplitKind = typer.Option(SplitKind.test),
+    data_path: str = typer.Option(None, help="local JSONL (file or dir) for gsm8k / math500"),
+    field: list[str] = typer.Option(None, help="custom JSONL mapping, e.g. prompt=question"),
+    verifier: str = typer.Option(None, help="override the dataset's verifier (math, exact...)"),
+    seed: int = typer.Option(0, help="arith generator seed"),
+    level: list[int] = typer.Option(None, help="arith levels to include (repeatable)"),
+    concurrency: int = typer.Option(64, min=1, help="problems in flight at once"),
+    max_tokens: int = typer.Option(512, min=1, help="max new tokens per generation"),
+    temperature: float = typer.Option(0.7, min=0.0, max=2.0),
+    top_p: float = typer.Option(1.0, min=0.0, max=1.0),
+    max_calls: int = typer.Option(None, min=1, help="per-problem call budget"),
+    problem_tokens: int = typer.Option(None, min=1, help="per-problem token budget"),
+    max_seconds: float = typer.Option(None, min=0.001, help="per-problem time budget"),
+    backend: BackendKind = typer.Option(BackendKind.vllm),
+    base_url: list[str] = typer.Option(None, help="OpenAI-compatible base URL(s)"),
+    force: bool = typer.Option(False, help="OUT holds another run: move it aside, start over"),
+    retry_errors: bool = typer.Option(False, help="re-run problems recorded with an error"),
+    progress: bool = typer.Option(True, help="show a progress bar"),
+) -> None:
+    """Run STRATEGY on DATASET; one result line per problem in OUT/results.jsonl."""
+    # vLLM logs every engine detail; a benchmark user wants the progress bar.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    from eval.datasets import parse_fields
+    from eval.runner import EvalConfig, run_eval
+
+    try:
+        config = EvalConfig(
+            dataset=dataset, strategy=strategy, out=out, model=model, limit=limit,
+            split=split.value, data_path=data_path, fields=parse_fields(field or None),
+            verifier=verifier, seed=seed, levels=list(level) if level else None,
+            temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_calls=max_calls,
+            max_problem_tokens=problem_tokens, max_seconds=max_seconds,
+            concurrency=concurrency, backend=backend.value, base_url=list(base_url or []))
+        summary = asyncio.run(run_eval(config, force=force, retry_errors=retry_errors,
+                                       progress=progress))
+    except RefineryError as exc:
+        _fail(str(exc))
+    except ValidationError as exc:
+        _fail(f"bad option: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}")
+    except KeyboardInterrupt:
+        _fail(f"interrupted; finished problems are in {out}; rerun the same command to "
+              "resume", code=130)
+    c = summary.cost
+    typer.echo(f"{summary.out}: {summary.done}/{summary.total} problems "
+               f"({summary.ran} run now, {summary.skipped} already done)  "
+               f"accuracy {summary.accuracy}  tokens/problem {c.tokens:.0f}  "
+               f"calls/problem {c.calls:.2f}  latency {c.latency_seconds:.2f}s  "
+               f"this session {summary.seconds:.1f}s")
+
+
+@eval_app.command("report")
+def report_cmd(
+    runs: list[str] = typer.Argument(..., help="run directories"),
+    out: str = typer.Option("docs", help="directory for NAME.md and img/*.png"),
+    name: str = typer.Option("report", help="file name stem of the markdown and plots"),
+    title: str = typer.Option(None, help="heading of the markdown file"),
+) -> None:
+    """Compare runs: a markdown table (accuracy ± CI, tokens, calls, wall) and PNG plots."""
+    from eval.report import write_report
+
+    try:
+        files = write_report(runs, out, name=name, title=title)
+    except RefineryError as exc:
+        _fail(str(exc))
+    with open(files.markdown, encoding="utf-8") as f:
+        typer.echo(f.read())
+    typer.echo(f"wrote {files.markdown} and {len(files.images)} plot(s): "
+               + ", ".join(files.images))

@@ -1,0 +1,264 @@
+"""Side-by-side reports of run directories: a markdown table and PNG plots.
+
+For each dataset among the runs: accuracy against tokens per problem (one point
+per run, 95% interval bars, the Pareto front of "more accurate for fewer
+tokens" marked and connected) and, where problems have levels, accuracy per
+difficulty level.
+
+Example:
+    >>> files = write_report(["runs/cot", "runs/sc8"], "docs", name="arith")
+    >>> files.markdown
+    'docs/arith.md'
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from engine.errors import InvalidRequestError
+from eval.metrics import Accuracy, CostSummary, accuracy, cost_summary
+from eval.runner import CONFIG, RESULTS, read_results
+
+__all__ = [
+    "ReportFiles",
+    "RunReport",
+    "load_run",
+    "markdown_tables",
+    "pareto_front",
+    "plot_levels",
+    "plot_pareto",
+    "write_report",
+]
+
+
+class RunReport(BaseModel):
+    """The numbers of one run directory."""
+
+    name: str
+    path: str
+    strategy: str
+    dataset: str
+    model: str
+    n: int
+    planned: int | None = None
+    accuracy: Accuracy
+    cost: CostSummary
+    strict: Accuracy | None = None
+    flexible: Accuracy | None = None
+    levels: dict[int, Accuracy] = Field(default_factory=dict)
+
+
+class ReportFiles(BaseModel):
+    """Paths written by :func:`write_report`."""
+
+    markdown: str
+    images: list[str]
+
+
+def load_run(path: str | Path) -> RunReport:
+    """Summarise a run directory (``config.json`` + ``results.jsonl``).
+
+    Raises:
+        InvalidRequestError: not a run directory.
+    """
+    p = Path(path)
+    cfg_path = p / CONFIG
+    if not cfg_path.exists():
+        raise InvalidRequestError(f"{p} is not a run directory (no {CONFIG})")
+    cfg = json.loads(cfg_path.read_text())
+    rows, seen = [], set()
+    for r in read_results(p / RESULTS):
+        if r.get("id") not in seen:
+            seen.add(r.get("id"))
+            rows.append(r)
+    ds = cfg.get("dataset", {})
+    strict_rows = [r["strict_match"] for r in rows if r.get("strict_match") is not None]
+    flex_rows = [r["flexible_match"] for r in rows if r.get("flexible_match") is not None]
+    by_level: dict[int, list[bool]] = defaultdict(list)
+    for r in rows:
+        if r.get("level") is not None:
+            by_level[int(r["level"])].append(bool(r.get("passed")))
+    return RunReport(
+        name=p.name, path=str(p),
+        strategy=cfg.get("strategy", {}).get("canonical") or cfg.get("strategy", {}).get("spec",
+                                                                                        "?"),
+        dataset=ds.get("name", "?"), model=cfg.get("model", "?"), n=len(rows),
+        planned=ds.get("n_problems"), accuracy=accuracy(bool(r.get("passed")) for r in rows),
+        cost=cost_summary(rows),
+        strict=accuracy(strict_rows) if strict_rows else None,
+        flexible=accuracy(flex_rows) if flex_rows else None,
+        levels={lv: accuracy(v) for lv, v in sorted(by_level.items())})
+
+
+def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats: ``(cost, accuracy)``, lower cost and
+    higher accuracy better; returned in order of increasing cost.
+
+    Example:
+        >>> pareto_front([(100, 0.5), (200, 0.4), (300, 0.7)])
+        [0, 2]
+    """
+    front = []
+    for i, (xi, yi) in enumerate(points):
+        dominated = any(
+            xj <= xi and yj >= yi and (xj < xi or yj > yi)
+            for j, (xj, yj) in enumerate(points) if j != i)
+        if not dominated:
+            front.append(i)
+    return sorted(front, key=lambda i: (points[i][0], -points[i][1]))
+
+
+def _pct(a: Accuracy) -> str:
+    return f"{100 * a.value:.1f}% ({100 * a.low:.1f}–{100 * a.high:.1f})"
+
+
+def _num(x: float | None, digits: int = 1) -> str:
+    return "–" if x is None else f"{x:,.{digits}f}"
+
+
+def markdown_tables(runs: Sequence[RunReport]) -> str:
+    """The main table, then GSM8K harness metrics and per-level accuracy where present."""
+    out = ["| run | strategy | dataset | model | n | accuracy (95% CI) | tokens/problem | "
+           "calls/problem | latency s/problem | wall s/problem | errors |",
+           "|---|---|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in runs:
+        n = f"{r.n}" if r.planned in (None, r.n) else f"{r.n} of {r.planned}"
+        out.append(f"| {r.name} | `{r.strategy}` | {r.dataset} | {r.model} | {n} | "
+                   f"{_pct(r.accuracy)} | {_num(r.cost.tokens)} | {_num(r.cost.calls, 2)} | "
+                   f"{_num(r.cost.latency_seconds, 2)} | {_num(r.cost.wall_seconds, 2)} | "
+                   f"{r.cost.errors} |")
+    lm = [r for r in runs if r.strict is not None]
+    if lm:
+        out += ["", "GSM8K, scored as lm-evaluation-harness does on the full text:", "",
+                "| run | strategy | strict-match | flexible-extract | refinery (math) |",
+                "|---|---|---|---|---|"]
+        for r in lm:
+            out.append(f"| {r.name} | `{r.strategy}` | {_pct(r.strict)} | "
+                       f"{_pct(r.flexible) if r.flexible else '–'} | {_pct(r.accuracy)} |")
+    leveled = [r for r in runs if r.levels]
+    if leveled:
+        levels = sorted({lv for r in leveled for lv in r.levels})
+        out += ["", "Accuracy by difficulty level (correct/n):", "",
+                "| run | strategy | dataset | " + " | ".join(f"L{lv}" for lv in levels) + " |",
+                "|---|---|---|" + "---:|" * len(levels)]
+        for r in leveled:
+            cells = [(f"{100 * r.levels[lv].value:.0f}% ({r.levels[lv].correct}/"
+                      f"{r.levels[lv].n})" if lv in r.levels else "–") for lv in levels]
+            out.append(f"| {r.name} | `{r.strategy}` | {r.dataset} | " + " | ".join(cells)
+                       + " |")
+    return "\n".join(out) + "\n"
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display (servers, CI)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _labels(runs: Sequence[RunReport]) -> list[str]:
+    # The strategy names a point; runs sharing one (other model, other sampling) add their dir.
+    counts: dict[str, int] = defaultdict(int)
+    for r in runs:
+        counts[r.strategy] += 1
+    out = [r.strategy if counts[r.strategy] == 1 else f"{r.name}: {r.strategy}" for r in runs]
+    return [s if len(s) <= 40 else s[:39] + "…" for s in out]
+
+
+def plot_pareto(runs: Sequence[RunReport], path: str | Path, title: str = "") -> str:
+    """Accuracy against tokens per problem, one point per run, Pareto front connected."""
+    plt = _plt()
+    xs = [r.cost.tokens for r in runs]
+    ys = [100 * r.accuracy.value for r in runs]
+    front = pareto_front(list(zip(xs, ys, strict=True)))
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    err = [[100 * (r.accuracy.value - r.accuracy.low) for r in runs],
+           [100 * (r.accuracy.high - r.accuracy.value) for r in runs]]
+    ax.errorbar(xs, ys, yerr=err, fmt="o", color="tab:blue", ecolor="0.7", capsize=3,
+                label="run (95% CI)", zorder=2)
+    if front:
+        ax.plot([xs[i] for i in front], [ys[i] for i in front], "-", color="tab:red",
+                lw=1.5, zorder=3)
+        ax.scatter([xs[i] for i in front], [ys[i] for i in front], s=110, facecolors="none",
+                   edgecolors="tab:red", linewidths=1.8, label="Pareto front", zorder=4)
+    for label, x, y in zip(_labels(runs), xs, ys, strict=True):
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    if xs and min(xs) > 0 and max(xs) / min(xs) > 20:
+        ax.set_xscale("log")
+    ax.set_xlabel("tokens per problem (prompt + completion, all calls)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_title(title or "accuracy vs. cost")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return str(path)
+
+
+def plot_levels(runs: Sequence[RunReport], path: str | Path, title: str = "") -> str:
+    """Accuracy per difficulty level, one line per run."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for r, label in zip(runs, _labels(runs), strict=True):
+        lv = sorted(r.levels)
+        ax.plot(lv, [100 * r.levels[v].value for v in lv], "o-", label=label)
+    levels = sorted({v for r in runs for v in r.levels})
+    ax.set_xticks(levels)
+    ax.set_xlabel("difficulty level")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(-2, 102)
+    ax.set_title(title or "accuracy by difficulty")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return str(path)
+
+
+def _slug(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", s).strip("-") or "x"
+
+
+def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path, *, name: str = "report",
+                 title: str | None = None) -> ReportFiles:
+    """Write ``<out_dir>/<name>.md`` (tables + image links) and ``<out_dir>/img/*.png``.
+
+    Raises:
+        InvalidRequestError: no runs, or a path that is not a run directory.
+    """
+    if not run_dirs:
+        raise InvalidRequestError("no run directories given")
+    runs = [load_run(d) for d in run_dirs]
+    out = Path(out_dir)
+    img = out / "img"
+    img.mkdir(parents=True, exist_ok=True)
+    images: list[str] = []
+    md = [f"# {title or 'Evaluation report'}", "", markdown_tables(runs)]
+    by_dataset: dict[str, list[RunReport]] = defaultdict(list)
+    for r in runs:
+        by_dataset[r.dataset].append(r)
+    for ds, group in by_dataset.items():
+        base = f"{_slug(name)}-{_slug(ds)}"
+        p = plot_pareto(group, img / f"{base}-pareto.png", f"{ds}: accuracy vs. tokens")
+        images.append(p)
+        md += [f"![{ds}: accuracy vs. tokens per problem](img/{Path(p).name})", ""]
+        if any(r.levels for r in group):
+            p = plot_levels([r for r in group if r.levels], img / f"{base}-levels.png",
+                            f"{ds}: accuracy by difficulty")
+            images.append(p)
+            md += [f"![{ds}: accuracy by difficulty level](img/{Path(p).name})", ""]
+    md_path = out / f"{_slug(name)}.md"
+    md_path.write_text("\n".join(md))
+    return ReportFiles(markdown=str(md_path), images=images)

@@ -1,0 +1,506 @@
+"""The resumable benchmark runner: a strategy over a dataset, one result line per problem.
+
+A run directory holds:
+
+- ``config.json``: the full configuration (dataset + fingerprint of the selected
+  problems, strategy spec, canonical form and graph, model, sampling, budget,
+  code version), written once, atomically;
+- ``results.jsonl``: one line per finished problem, each written whole (a single
+  ``os.write`` of a complete line with ``O_APPEND``, then ``fsync``);
+- ``traces.jsonl``: one engine trace per finished problem (``engine.trace.TraceWriter``).
+
+Rerunning the same command continues where the last one stopped: a torn last
+line is cut off the file, problems already in ``results.jsonl`` are skipped,
+traces of unfinished problems are dropped (they run again), so every problem
+ends up exactly once. A directory whose recorded configuration differs is
+refused (``force=True`` moves its files aside and starts over).
+
+A task the engine cannot serve (its backend died or is unreachable) is not
+recorded: the run stops with an error and the next run retries it. Any other
+failure of a strategy is recorded as that problem's ``error`` (a wrong answer).
+
+Example:
+    >>> cfg = EvalConfig(dataset="arith", strategy="sc(cot, n=4)", limit=50, out="runs/sc4")
+    >>> summary = await run_eval(cfg)
+    >>> summary.accuracy.value, summary.cost.tokens
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import networkx as nx
+from pydantic import BaseModel, Field
+
+from engine.backends.base import Backend
+from engine.context import Budget, Context
+from engine.errors import InvalidRequestError, RefineryError
+from engine.graph import non_default, to_mermaid, to_spec
+from engine.run import iter_run
+from engine.trace import Trace, TraceWriter
+from engine.types import Attempt, SamplingParams, Task
+from eval.datasets import REPO, Example, Split, dataset_fingerprint, load_dataset
+from eval.metrics import Accuracy, CostSummary, Scorer, accuracy, cost_summary
+
+__all__ = [
+    "RESULTS",
+    "TRACES",
+    "CONFIG",
+    "ConfigMismatchError",
+    "EvalConfig",
+    "RunAborted",
+    "RunSummary",
+    "append_line",
+    "code_version",
+    "read_results",
+    "run_eval",
+]
+
+CONFIG, RESULTS, TRACES = "config.json", "results.jsonl", "traces.jsonl"
+FORMAT = "refinery-eval/1"
+# Errors that say "the engine could not serve this task", not "the strategy got it wrong".
+_INFRA_ERRORS = ("BackendUnavailableError", "EngineStartError")
+
+
+class ConfigMismatchError(InvalidRequestError):
+    """The output directory holds a run with a different configuration."""
+
+
+class RunAborted(RefineryError):
+    """The run stopped before the end (backend died, sandbox broke); rerun to resume."""
+
+
+class StrategyCrash(RefineryError):
+    """A strategy raised something other than a RefineryError (a bug); recorded per problem."""
+
+
+class EvalConfig(BaseModel):
+    """Everything that defines a run. ``identity()`` is what must match to resume.
+
+    Example:
+        >>> EvalConfig(dataset="gsm8k", strategy="cot", limit=200, out="runs/cot").max_tokens
+        512
+    """
+
+    dataset: str
+    strategy: str
+    out: str
+    model: str = "smollm2-135m"
+    split: Split = "test"
+    limit: int | None = Field(None, ge=0)
+    data_path: str | None = None
+    fields: dict[str, str] = Field(default_factory=dict)
+    verifier: str | None = None
+    seed: int = 0
+    levels: list[int] | None = None
+    temperature: float = Field(0.7, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int = Field(512, ge=1)
+    max_calls: int | None = Field(None, ge=1, description="per-problem call budget")
+    max_problem_tokens: int | None = Field(None, ge=1, description="per-problem token budget")
+    max_seconds: float | None = Field(None, gt=0, description="per-problem time budget")
+    concurrency: int = Field(64, ge=1)
+    backend: Literal["vllm", "openai"] = "vllm"
+    base_url: list[str] = Field(default_factory=list)
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p,
+                              max_tokens=self.max_tokens)
+
+    def budget(self) -> Budget:
+        return Budget(max_calls=self.max_calls, max_tokens=self.max_problem_tokens,
+                      max_seconds=self.max_seconds)
+
+    def identity(self, canonical_spec: str, fingerprint: str, n_problems: int) -> dict[str, Any]:
+        """The settings a resumed run must share (not: concurrency, backend, URLs, paths)."""
+        return {
+            "dataset": self.dataset, "split": self.split, "limit": self.limit,
+            "fields": dict(sorted(self.fields.items())), "verifier": self.verifier,
+            "seed": self.seed, "levels": self.levels, "strategy": canonical_spec,
+            "model": self.model, "sampling": self.sampling().model_dump(),
+            "budget": self.budget().model_dump(), "n_problems": n_problems,
+            "fingerprint": fingerprint,
+        }
+
+
+class RunSummary(BaseModel):
+    """What one call of :func:`run_eval` did, and where the run stands."""
+
+    out: str
+    total: int
+    done: int
+    ran: int
+    skipped: int
+    accuracy: Accuracy
+    cost: CostSummary
+    seconds: float
+
+
+# ---------------------------------------------------------------------------- file I/O
+
+
+def append_line(path: str | os.PathLike[str], row: Mapping[str, Any]) -> None:
+    """Append one JSON line whole: a single ``os.write`` with ``O_APPEND``, then ``fsync``.
+
+    A crash leaves either the complete line or nothing of it except, at worst, a
+    torn tail that :func:`read_results` cuts off.
+    """
+    line = (json.dumps(row, ensure_ascii=False, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        written = os.write(fd, line)
+        if written != len(line):
+            raise OSError(f"short write to {path} ({written}/{len(line)} bytes)")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _complete_part(path: Path, *, repair: bool) -> bytes:
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        data = data[:cut]
+        if repair:  # cut the torn tail so the next append starts on a fresh line
+            os.truncate(path, cut)
+    return data
+
+
+def read_results(path: str | os.PathLike[str], *, repair: bool = False) -> list[dict[str, Any]]:
+    """Result rows of a ``results.jsonl``; a torn last line is skipped (and with
+    ``repair=True`` truncated off the file). A missing file is an empty run.
+
+    Raises:
+        InvalidRequestError: a line other than the last is not valid JSON (edited by hand?).
+    """
+    p = Path(path)
+    if not p.exists():
+        return []
+    rows = []
+    for i, line in enumerate(_complete_part(p, repair=repair).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise InvalidRequestError(f"{p}:{i}: corrupt result line ({exc.msg})") from exc
+    return rows
+
+
+def _rewrite(path: Path, lines: Sequence[bytes]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.writelines(lines)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _compact_traces(path: Path, keep: set[str]) -> None:
+    """Keep one trace (the last) per finished problem; drop torn tails and traces of
+    problems that will run again (a kill between trace and result leaves those)."""
+    if not path.exists():
+        return
+    raw = path.read_bytes()
+    lines = raw.splitlines(keepends=True)
+    last: dict[str, int] = {}
+    for i, line in enumerate(lines):
+        if not line.endswith(b"\n"):
+            continue
+        try:
+            tid = json.loads(line).get("task_id")
+        except json.JSONDecodeError:
+            continue
+        if tid in keep:
+            last[tid] = i
+    kept = [lines[i] for i in sorted(last.values())]
+    if len(kept) != len(lines):
+        _rewrite(path, kept)
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    _rewrite(path, [(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n").encode()])
+
+
+def code_version() -> dict[str, Any]:
+    """Git commit (and whether the tree is dirty) of the code, plus the package version."""
+    out: dict[str, Any] = {"git_commit": None, "git_dirty": None, "package_version": None,
+                           "python": sys.version.split()[0]}
+    try:
+        from importlib.metadata import version
+        out["package_version"] = version("refinery")
+    except Exception:  # not installed (running from a checkout)
+        pass
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
+                                capture_output=True, text=True, timeout=5)
+        if commit.returncode == 0:
+            out["git_commit"] = commit.stdout.strip()
+            st = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"],
+                                capture_output=True, text=True, timeout=10)
+            out["git_dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+def graph_json(g: nx.DiGraph) -> dict[str, Any]:
+    """A validated strategy graph as plain JSON (nodes with params and worst-case calls)."""
+    nodes = []
+    for nid, data in g.nodes(data=True):
+        params = data.get("params")
+        nodes.append({"id": nid, "name": data["name"],
+                      "params": params.model_dump(mode="json") if params is not None else {},
+                      "non_default": (non_default(params) if params is not None else {}),
+                      "worst_case_calls": data.get("calls")})
+    edges = [{"parent": a, "child": b, "order": d.get("order", 0)}
+             for a, b, d in g.edges(data=True)]
+    return {"root": g.graph.get("root"), "nodes": nodes, "edges": edges}
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+class _Guarded:
+    """Turns a strategy's non-Refinery exception (a bug) into a recorded per-problem error,
+    so one bad problem does not end a 200-problem run (and its resume) every time."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+
+    async def solve(self, task: Task, ctx: Context) -> Attempt:
+        try:
+            return await self.inner.solve(task, ctx)
+        except (RefineryError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            raise StrategyCrash(f"{type(exc).__name__}: {exc}") from exc
+
+
+def build_strategy(spec: str) -> tuple[Any, nx.DiGraph]:
+    """``(strategy, validated graph)`` for a spec, via the strategies registry.
+
+    Raises:
+        SpecError, BudgetError: a bad spec.
+    """
+    import strategies
+
+    return strategies.build_with_graph(spec)
+
+
+async def make_backend(config: EvalConfig) -> Backend:
+    """The backend a config names: in-process vLLM, or an OpenAI-compatible server."""
+    if config.backend == "openai":
+        from engine.backends.openai import OpenAIBackend
+
+        if not config.base_url:
+            raise InvalidRequestError("--backend openai needs --base-url", param="base_url")
+        return OpenAIBackend(config.model, config.base_url,
+                             api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
+                             max_concurrency=config.concurrency)
+    from engine.backends.vllm import VLLMBackend
+
+    return await VLLMBackend.create(config.model)
+
+
+def _prepare_dir(out: Path, record: dict[str, Any], force: bool) -> None:
+    """Create the run dir or check it holds the same run; with ``force`` move an old run aside."""
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_path = out / CONFIG
+    if cfg_path.exists():
+        try:
+            old = json.loads(cfg_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ConfigMismatchError(f"{cfg_path} is unreadable ({exc}); use --force or "
+                                      "a new --out directory") from exc
+        old_id, new_id = old.get("identity", {}), record["identity"]
+        if old_id == new_id:
+            return
+        diffs = [f"{k}: recorded {old_id.get(k)!r}, now {new_id.get(k)!r}"
+                 for k in sorted(set(old_id) | set(new_id)) if old_id.get(k) != new_id.get(k)]
+        if not force:
+            raise ConfigMismatchError(
+                f"{out} holds a run with a different configuration ("
+                + "; ".join(diffs) + "). Use a new --out directory, or --force to move "
+                "the old run aside and start over.")
+        aside = out / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir()
+        for name in (CONFIG, RESULTS, TRACES):
+            if (out / name).exists():
+                shutil.move(str(out / name), str(aside / name))
+    elif (out / RESULTS).exists() and not force:
+        raise ConfigMismatchError(f"{out} has {RESULTS} but no {CONFIG}; use --force or a "
+                                  "new --out directory")
+    elif (out / RESULTS).exists():
+        aside = out / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
+        aside.mkdir()
+        for name in (RESULTS, TRACES):
+            if (out / name).exists():
+                shutil.move(str(out / name), str(aside / name))
+    _write_json_atomic(cfg_path, record)
+
+
+def _result_row(ex: Example, index: int, trace: Trace, score: Any, *, spec: str, model: str,
+                session: str, session_start: float) -> dict[str, Any]:
+    att = trace.attempt
+    u = trace.usage
+    return {
+        "id": ex.id, "index": index, "dataset": ex.dataset, "level": ex.level,
+        "prompt": ex.prompt, "gold": ex.gold,
+        "prediction": score.prediction, "text": att.text if att else "",
+        "passed": score.passed, "score": score.score,
+        "strict_match": score.strict_match, "flexible_match": score.flexible_match,
+        "usage": {"prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens,
+                  "total_tokens": u.total_tokens, "calls": u.calls},
+        "seconds": round(trace.seconds, 4),
+        "finish_reason": att.finish_reason if att else None,
+        "error": trace.error, "verdict": score.detail,
+        "strategy": spec, "model": model,
+        "session": session, "session_start": session_start, "time": time.time(),
+    }
+
+
+def _progress(enabled: bool, total: int, done: int) -> Any:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), TimeRemainingColumn(), disable=not enabled,
+                    transient=False)
+    return prog
+
+
+# ---------------------------------------------------------------------------------- run
+
+
+async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
+                   examples: Sequence[Example] | None = None, force: bool = False,
+                   retry_errors: bool = False, progress: bool = True,
+                   on_result: Callable[[dict[str, Any]], None] | None = None) -> RunSummary:
+    """Run (or resume) ``config``; return where the run stands.
+
+    ``backend`` defaults to the one the config names (started here and closed at the
+    end); ``examples`` overrides the dataset (tests). ``retry_errors`` re-runs
+    problems recorded with an error (their old lines are removed first, atomically).
+
+    Raises:
+        DatasetError, SpecError, BudgetError: bad dataset or strategy (before any model work).
+        ConfigMismatchError: ``config.out`` holds a different run and ``force`` is off.
+        RunAborted: the backend died part-way (finished problems are kept; rerun to resume).
+    """
+    t0 = time.monotonic()
+    strategy, graph = build_strategy(config.strategy)
+    canonical = to_spec(graph)
+    if examples is None:
+        examples = load_dataset(config.dataset, split=config.split, limit=config.limit,
+                                data_path=config.data_path, fields=config.fields or None,
+                                verifier=config.verifier, seed=config.seed,
+                                levels=config.levels)
+    examples = list(examples)
+    ids = [e.id for e in examples]
+    if len(set(ids)) != len(ids):
+        raise InvalidRequestError("the dataset has duplicate problem ids")
+    fingerprint = dataset_fingerprint(examples)
+    record = {
+        "format": FORMAT,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "identity": config.identity(canonical, fingerprint, len(examples)),
+        "dataset": {"name": config.dataset, "split": config.split, "limit": config.limit,
+                    "data_path": config.data_path, "fields": config.fields,
+                    "verifier": config.verifier, "seed": config.seed, "levels": config.levels,
+                    "n_problems": len(examples), "fingerprint": fingerprint,
+                    "has_levels": any(e.level is not None for e in examples)},
+        "strategy": {"spec": config.strategy, "canonical": canonical,
+                     "worst_case_calls": graph.graph.get("worst_case_calls"),
+                     "graph": graph_json(graph), "mermaid": to_mermaid(graph)},
+        "model": config.model,
+        "backend": {"kind": config.backend, "base_url": config.base_url},
+        "sampling": config.sampling().model_dump(),
+        "budget": config.budget().model_dump(),
+        "concurrency": config.concurrency,
+        "code": code_version(),
+    }
+    out = Path(config.out)
+    _prepare_dir(out, record, force)
+
+    results_path, traces_path = out / RESULTS, out / TRACES
+    rows = read_results(results_path, repair=True)
+    by_id = {e.id: e for e in examples}
+    if retry_errors and any(r.get("error") for r in rows):
+        rows = [r for r in rows if not r.get("error")]
+        _rewrite(results_path, [(json.dumps(r, ensure_ascii=False) + "\n").encode()
+                                for r in rows])
+    done = {r["id"] for r in rows if r.get("id") in by_id}
+    _compact_traces(traces_path, done)
+    todo = [e for e in examples if e.id not in done]
+    index = {e.id: i for i, e in enumerate(examples)}
+
+    current, seen = [], set()
+    for r in rows:  # first line per problem (there is one, unless edited by hand)
+        if r.get("id") in by_id and r["id"] not in seen:
+            seen.add(r["id"])
+            current.append(r)
+    ran = 0
+    if todo:
+        own_backend = backend is None
+        if backend is None:
+            backend = await make_backend(config)
+        scorer = Scorer()
+        session, session_start = uuid.uuid4().hex[:12], time.time()
+        writer = TraceWriter(traces_path)
+        guarded = _Guarded(strategy)
+        correct = sum(1 for r in current if r.get("passed"))
+        prog = _progress(progress, len(examples), len(done))
+        try:
+            with prog:
+                bar = prog.add_task(config.strategy, total=len(examples), completed=len(done))
+                stream = iter_run(guarded, [e.to_task() for e in todo], backend,
+                                  concurrency=config.concurrency, trace_writer=writer,
+                                  spec=canonical, params=config.sampling(),
+                                  budget=config.budget())
+                async for trace in stream:
+                    if trace.error and trace.error.split(":")[0] in _INFRA_ERRORS:
+                        raise RunAborted(f"the backend could not serve problem "
+                                         f"{trace.task_id}: {trace.error}. Finished "
+                                         "problems are saved; rerun the same command to "
+                                         "resume.")
+                    ex = by_id[trace.task_id]
+                    att = trace.attempt
+                    score = await scorer.score(ex, att.text if att else "",
+                                               att.answer if att else None)
+                    row = _result_row(ex, index[ex.id], trace, score, spec=canonical,
+                                      model=config.model, session=session,
+                                      session_start=session_start)
+                    await asyncio.to_thread(append_line, results_path, row)
+                    current.append(row)
+                    ran += 1
+                    correct += bool(row["passed"])
+                    if on_result is not None:
+                        on_result(row)
+                    n_now = len(current)
+                    prog.update(bar, advance=1, description=(
+                        f"{config.strategy}  acc {100 * correct / n_now:.1f}%"))
+        finally:
+            if own_backend and backend is not None:
+                await backend.aclose()
+    return RunSummary(out=str(out), total=len(examples), done=len(current), ran=ran,
+                      skipped=len(done), accuracy=accuracy(r["passed"] for r in current),
+                      cost=cost_summary(current), seconds=time.monotonic() - t0)

@@ -1,0 +1,54 @@
+"""``refinery eval``: errors are one line and exit code 2 (no traceback); report prints."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from eval.cli import eval_app
+from tests.eval.test_report import make_run
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    result = runner.invoke(eval_app, list(args))
+    text = result.output + (getattr(result, "stderr", "") or "")
+    return result, text
+
+
+def test_bad_dataset_and_bad_spec_exit_2_without_traceback(tmp_path) -> None:
+    out = str(tmp_path / "r")
+    res, text = run("run", "--dataset", "gsm9k", "--strategy", "cot", "--out", out)
+    assert res.exit_code == 2 and "unknown dataset 'gsm9k'" in text
+    assert "Traceback" not in text
+    res, text = run("run", "--dataset", "arith", "--strategy", "sc(cot, n=", "--out", out)
+    assert res.exit_code == 2 and "does not parse" in text and "Traceback" not in text
+    res, text = run("run", "--dataset", "arith", "--strategy", "cott", "--out", out)
+    assert res.exit_code == 2 and "unknown strategy 'cott'" in text
+    res, text = run("run", "--dataset", "arith", "--strategy", "cot", "--out", out,
+                    "--field", "prompt")
+    assert res.exit_code == 2 and "EXAMPLE_FIELD=COLUMN" in text
+    res, text = run("run", "--dataset", "arith", "--strategy", "cot", "--out", out,
+                    "--backend", "openai")
+    assert res.exit_code == 2 and "--base-url" in text
+
+
+def test_resuming_into_a_different_run_exits_2(tmp_path) -> None:
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"identity": {"strategy": "ssr"}}))
+    res, text = run("run", "--dataset", "arith", "--strategy", "cot", "--limit", "3",
+                    "--out", str(out))
+    assert res.exit_code == 2 and "different configuration" in text and "--force" in text
+
+
+def test_report_command(tmp_path) -> None:
+    a = make_run(tmp_path / "a", "cot", [True, False], 10, 1, 1.0)
+    res, text = run("report", str(a), "--out", str(tmp_path / "docs"), "--name", "x")
+    assert res.exit_code == 0, text
+    assert "50.0% (9.5–90.5)" in text and (tmp_path / "docs" / "x.md").exists()
+    assert (tmp_path / "docs" / "img" / "x-arith-pareto.png").exists()
+    res, text = run("report", str(tmp_path), "--out", str(tmp_path / "docs"))
+    assert res.exit_code == 2 and "not a run directory" in text
