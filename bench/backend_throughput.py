@@ -66,7 +66,9 @@ def measure(phase: str, n: int, max_tokens: int) -> dict:
     out = subprocess.run([sys.executable, __file__, "--phase", phase, "--requests", str(n),
                           "--max-tokens", str(max_tokens)], check=True, stdout=subprocess.PIPE,
                          text=True, timeout=900)
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # vLLM logs to stdout too: the result is the line we marked.
+    line = next(ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("RESULT "))
+    result = json.loads(line.removeprefix("RESULT "))
     result["tok_s"] = result["tokens"] / result["seconds"]
     return result
 
@@ -80,7 +82,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.phase:
         fn = run_backend if a.phase == "backend" else run_llm
-        print(json.dumps(fn(a.requests, a.max_tokens)), flush=True)
+        print("RESULT " + json.dumps(fn(a.requests, a.max_tokens)), flush=True)
         return
     ours, raw = [], []
     for _ in range(a.rounds):
