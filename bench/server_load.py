@@ -59,11 +59,16 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError("server exited during start")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                r = httpx.get(self.url + "/health", timeout=2)
+                if r.status_code == 200:
                     return self.url + "/v1"
+                if "starting" not in r.text:  # the engine failed: say why, stop the server
+                    self.__exit__()
+                    raise RuntimeError(f"server not ready: {r.text}")
             except httpx.HTTPError:
                 pass
             time.sleep(1)
+        self.__exit__()
         raise RuntimeError("server not ready")
 
     def __exit__(self, *exc) -> None:
