@@ -233,7 +233,10 @@ def extract_answer(text: str) -> str | None:
 _TEXT_CMD = re.compile(
     r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mathit|mbox|operatorname)\s*\{([^{}]*)\}")
 _THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3})((?:,\d{3})+)(?![\d])")
-_UNIT_TAIL = re.compile(r"^(-?[\d./]+)(\s*)((?:[A-Za-z]+\.?(?:\^\{?\d\}?)?\s*)+)$")
+# Words are separated by required whitespace, so the match is linear: a nested
+# `(?:[A-Za-z]+\s*)+` backtracks exponentially on a long non-matching tail.
+_UNIT_WORD = r"[A-Za-z]+\.?(?:\^\{?\d\}?)?"
+_UNIT_TAIL = re.compile(rf"^(-?[\d./]+)(\s*)({_UNIT_WORD}(?:\s+{_UNIT_WORD})*)\s*$")
 _SCALE_WORDS = {"thousand": 10**3, "million": 10**6, "billion": 10**9, "trillion": 10**12}
 _MATH_WORDS = {"pi", "e", "i", "sqrt", "sin", "cos", "tan", "log", "ln", "exp", "inf", "infinity",
                "oo", "mod", "choose"}
@@ -250,6 +253,8 @@ _UNIT_WORDS = re.compile(
 def _strip_unit_tail(s: str) -> str:
     # "18 dollars", "5 cm^2", "3.5 because" -> the number; but "2x", "2pi", "1e3" stay,
     # and "1.5 million" is 1500000, not 1.5.
+    if len(s) > 200:  # no number-with-unit is this long; keeps the regex cheap
+        return s
     m = _UNIT_TAIL.match(s)
     if not m:
         return s

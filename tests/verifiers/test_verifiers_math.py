@@ -294,3 +294,14 @@ async def test_every_gsm8k_gold_solution_verifies_against_its_own_answer_only() 
         assert wrongly == [], (v.name, wrongly[:10])
     # the same through plain equivalence of the extracted answers
     assert all(is_equivalent(extract_answer(sol), gold) for sol, gold in rows)
+
+
+@pytest.mark.timeout(60)  # a hang guard: the old regex needed ~2**29 steps here
+def test_long_unit_tail_does_not_backtrack_exponentially():
+    # A real SSR sub-answer hung the old nested-quantifier unit regex.
+    from verifiers.math import normalize_answer
+
+    assert normalize_answer("5 " + "abcdefghij" * 3 + "!") == "5 " + "abcdefghij" * 3 + "!"
+    assert normalize_answer("18 dollars") == "18"
+    assert normalize_answer("5 cm^2") == "5"
+    assert normalize_answer("1.5 million") == "1500000"
