@@ -242,6 +242,11 @@ def _mount_subcommands() -> None:
     except ImportError:  # pragma: no cover - eval extras missing
         return
     app.add_typer(eval_app, name="eval", help="Run and report benchmark evaluations.")
+    try:
+        from distill.cli import distill_app
+    except ImportError:  # pragma: no cover - train extras missing
+        return
+    app.add_typer(distill_app, name="distill", help="Traces to datasets, LoRA training, loop.")
 
 
 _mount_subcommands()

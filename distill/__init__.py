@@ -1,0 +1,83 @@
+"""Distillation: verified refinement traces -> training data -> LoRA fine-tuning -> eval.
+
+Imports engine, verifiers, strategies and eval only (never serving or refinery).
+
+- :mod:`distill.dataset` selects SFT rows and preference pairs from eval runs;
+- :mod:`distill.schema` validates and writes them (TRL conversational formats);
+- :mod:`distill.train` runs LoRA SFT (+ DPO) on CPU and saves a merged checkpoint;
+- :mod:`distill.loop` repeats sample -> verify -> build -> train -> evaluate.
+
+Example:
+    >>> from distill import build, train
+    >>> stats = build(["runs/sc4-train"], "out/sft.jsonl", "out/pairs.jsonl")
+    >>> result = train("out/sft.jsonl", base="smollm2-135m", out="models/arith-r1")
+"""
+
+from distill.dataset import (
+    SOLUTION_STEPS,
+    BuildStats,
+    Candidate,
+    arith_solution,
+    build,
+    build_rows,
+    clean_solution,
+    gold_sft_rows,
+    load_candidates,
+)
+from distill.loop import LoopConfig, LoopReport, RoundReport, loop, read_report, run_loop
+from distill.schema import (
+    ChatMessage,
+    DistillError,
+    MessagesRow,
+    PairProvenance,
+    PairRow,
+    PromptCompletionRow,
+    Provenance,
+    read_rows,
+    validate_pair_row,
+    validate_sft_row,
+    write_rows,
+)
+from distill.train import (
+    TRAIN_RECORD,
+    TrainConfig,
+    TrainResult,
+    expand_weights,
+    read_train_record,
+    train,
+)
+
+__all__ = [
+    "SOLUTION_STEPS",
+    "TRAIN_RECORD",
+    "BuildStats",
+    "Candidate",
+    "ChatMessage",
+    "DistillError",
+    "LoopConfig",
+    "LoopReport",
+    "MessagesRow",
+    "PairProvenance",
+    "PairRow",
+    "PromptCompletionRow",
+    "Provenance",
+    "RoundReport",
+    "TrainConfig",
+    "TrainResult",
+    "arith_solution",
+    "build",
+    "build_rows",
+    "clean_solution",
+    "expand_weights",
+    "gold_sft_rows",
+    "load_candidates",
+    "loop",
+    "read_report",
+    "read_rows",
+    "read_train_record",
+    "run_loop",
+    "train",
+    "validate_pair_row",
+    "validate_sft_row",
+    "write_rows",
+]

@@ -1,0 +1,173 @@
+"""Real runner traces (scripted model) -> build, and the loop's plumbing with a fake trainer."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from distill.dataset import build
+from distill.loop import loop, read_report
+from distill.schema import DistillError, read_rows
+from distill.train import StageResult, TrainConfig, TrainResult
+from eval.datasets import load_arith
+from eval.runner import EvalConfig, run_eval
+from strategies.cot import INSTRUCTION
+from tests.scripted_backend import ScriptedBackend
+
+# `distill.loop` the attribute is the function (re-exported); the module is in sys.modules.
+loop_mod = importlib.import_module("distill.loop")
+N = 10
+GOLD = {e.prompt: (e.gold, e.level) for s in ("train", "test") for e in load_arith(s, limit=N)}
+
+
+def _question(text: str) -> str:
+    return text.split("\n\n")[0].strip()
+
+
+def critique_refine_model() -> ScriptedBackend:
+    """Level-1 drafts are right, the others off by one; every refinement is right.
+    The critic grades by whether the solution's answer is right."""
+
+    def critique(messages, params, i) -> str:
+        m = re.search(r"Problem:\n(.*?)\n\nSolution:\n(.*?)\n\nFirst say", messages[-1].content,
+                      re.S)
+        gold, _ = GOLD[m.group(1).strip()]
+        ok = f"\\boxed{{{gold}}}" in m.group(2)
+        g = 4 if ok else 1
+        return (f"Correctness: {g} - r\nCompleteness: {g} - r\nReasoning validity: {g} - r\n"
+                f"Format: {g} - r\nSummary: s.\nDirective: recompute the last step.")
+
+    def refine(messages, params, i) -> str:
+        gold, _ = GOLD[_question(messages[0].content)]
+        return f"Recomputing every step carefully gives {gold}. The answer is \\boxed{{{gold}}}."
+
+    def draft(messages, params, i) -> str:
+        gold, level = GOLD[_question(messages[-1].content)]
+        ans = gold if level == 1 else int(gold) + 1
+        return f"Working it out step by step, the result is {ans}. \\boxed{{{ans}}}"
+
+    return ScriptedBackend([(r"strict examiner", critique), (r"A reviewer checked", refine),
+                            (r".*", draft)])
+
+
+async def test_critique_refine_run_gives_rescued_rows_and_edge_pairs(tmp_path) -> None:
+    out = tmp_path / "run"
+    cfg = EvalConfig(dataset="arith", strategy="critique_refine(cot, rounds=1)", limit=N,
+                     out=str(out), model="scripted", split="train", temperature=0.0)
+    summary = await run_eval(cfg, backend=critique_refine_model(), progress=False)
+    assert summary.accuracy.correct == N  # every final attempt is right
+    stats = build([out], tmp_path / "sft.jsonl", tmp_path / "pairs.jsonl")
+    n_easy = sum(1 for e in load_arith("train", limit=N) if e.level == 1)
+    assert (stats.easy, stats.rescued) == (n_easy, N - n_easy)
+    sft = read_rows(tmp_path / "sft.jsonl", "sft")
+    pairs = read_rows(tmp_path / "pairs.jsonl", "pair")
+    assert len(sft) == N  # rescued: the one refinement; easy: the one draft
+    for row in sft:
+        md = row.metadata
+        if md.rescued:
+            assert (md.weight, md.step, md.iteration) == (2.0, "refine", 1)
+            assert row.messages[-1].content.startswith("Recomputing")
+        else:
+            assert (md.weight, md.step, md.easy) == (0.5, "draft", True)
+        assert md.run_strategy.startswith("critique_refine") and md.model == "scripted"
+    assert len(pairs) == N - n_easy
+    for p in pairs:
+        assert p.metadata.pair_source == "refinement_edge"
+        assert p.metadata.rejected_step == "draft"
+        assert p.rejected[0].content.startswith("Working it out")
+        assert p.chosen[0].content.startswith("Recomputing")
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def sc_model(right_share: int) -> ScriptedBackend:
+    """Of every 4 samples, ``right_share`` are right."""
+
+    def reply(messages, params, i) -> str:
+        gold, _ = GOLD[_question(messages[-1].content)]
+        ans = gold if i % 4 < right_share else int(gold) + 7
+        return f"Sample {i}: so it is {ans}. The answer is \\boxed{{{ans}}}."
+
+    return ScriptedBackend([(r".*", reply)])
+
+
+@pytest.fixture
+def fake_engine_and_trainer(monkeypatch):
+    """Engines are scripted models; training writes a stub checkpoint and a record."""
+    started, trained = [], []
+
+    async def start(model: str):
+        started.append(model)
+        return sc_model(2)
+
+    async def fake_train(cfg: TrainConfig, workdir: Path, isolate: bool) -> TrainResult:
+        trained.append(cfg)
+        os.makedirs(cfg.out)
+        rows = read_rows(cfg.sft_path, "sft")
+        stage = StageResult(rows=len(rows), expanded_rows=len(rows), steps=2, losses=[2.0, 1.5])
+        return TrainResult(out=cfg.out, base=cfg.base, base_dir=cfg.base, config=cfg, sft=stage,
+                           eval_loss_before=2.0, eval_loss_after=1.5)
+
+    monkeypatch.setattr(loop_mod, "_start", start)
+    monkeypatch.setattr(loop_mod, "_train", fake_train)
+    return started, trained
+
+
+async def test_loop_chains_rounds_and_writes_the_table(tmp_path, fake_engine_and_trainer) -> None:
+    started, trained = fake_engine_and_trainer
+    out = tmp_path / "loop"
+    lines: list[str] = []
+    report = await loop("arith", "sc(cot, n=4)", rounds=2, train_size=N, eval_size=N,
+                        out=str(out), progress=False, log=lines.append,
+                        train={"max_steps": 2})
+    assert len(report.rounds) == 2
+    r1, r2 = report.rounds
+    # Each round trains from the previous round's weights and evaluates the new ones.
+    assert started[0] == "smollm2-135m" and started[1] == r1.model_out
+    assert trained[0].base == "smollm2-135m" and trained[1].base == r1.model_out
+    assert trained[0].max_steps == 2 and r2.model_in == r1.model_out
+    cfg = json.loads((out / "round-2" / "sample" / "config.json").read_text())
+    assert cfg["model"] == r1.model_out and cfg["dataset"]["split"] == "train"
+    ev = json.loads((out / "round-1" / "eval" / "config.json").read_text())
+    assert ev["dataset"]["split"] == "test" and ev["strategy"]["canonical"] == "cot"
+    assert ev["sampling"]["temperature"] == 0.0
+    # Held-out problems and sampled problems never overlap.
+    sample_ids = {json.loads(x)["prompt"] for x in
+                  (out / "round-1" / "sample" / "results.jsonl").read_text().splitlines()}
+    eval_ids = {json.loads(x)["prompt"] for x in
+                (out / "round-1" / "eval" / "results.jsonl").read_text().splitlines()}
+    assert len(sample_ids) == N and len(eval_ids) == N and not sample_ids & eval_ids
+    # 2 right + 2 wrong samples per problem: 2 SFT rows, and 2 x 2 = 4 pairs (the cap).
+    assert r1.build.sft_rows == 2 * N and r1.build.pairs == 4 * N
+    assert r1.sample_accuracy.n == N and r1.accuracy_before.n == N
+    rows = read_rows(out / "round-1" / "sft.jsonl", "sft")
+    assert rows[0].messages[0].content.endswith(INSTRUCTION)  # prompts match cot eval
+    # The table: printed and written, one line per round.
+    md = (out / "loop.md").read_text()
+    assert md.count("\n| 1 |") == 1 and md.count("\n| 2 |") == 1
+    assert "2.000 -> 1.500" in md and any("| 2 |" in x for x in lines)
+    assert read_report(out / "loop.json").rounds[1].round == 2
+
+
+async def test_loop_gold_fallback_fills_rows_when_the_model_fails(tmp_path, monkeypatch,
+                                                                  fake_engine_and_trainer):
+    async def start(model: str):
+        return sc_model(0)  # never right
+
+    monkeypatch.setattr(loop_mod, "_start", start)
+    with pytest.raises(DistillError, match="no verified SFT rows"):
+        await loop("arith", "sc(cot, n=4)", rounds=1, train_size=N, eval_size=4,
+                   out=str(tmp_path / "a"), progress=False, log=lambda s: None)
+    report = await loop("arith", "sc(cot, n=4)", rounds=1, train_size=N, eval_size=4,
+                        out=str(tmp_path / "b"), progress=False, log=lambda s: None,
+                        gold_fallback_rows=6)
+    [r] = report.rounds
+    assert r.gold_rows == 6 and r.build.sft_rows == 6
+    rows = read_rows(tmp_path / "b" / "round-1" / "sft.jsonl", "sft")
+    assert {x.metadata.verifier for x in rows} == {"gold"}

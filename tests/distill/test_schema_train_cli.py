@@ -1,0 +1,157 @@
+"""Row schemas, training input checks (no model work), weights, and the CLI's exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+from typer.testing import CliRunner
+
+from distill.cli import distill_app
+from distill.schema import (
+    DistillError,
+    example_provenance,
+    read_rows,
+    validate_pair_row,
+    validate_sft_row,
+    write_rows,
+)
+from distill.train import expand_weights, train
+from tests.distill._runs import write_run
+from tests.distill.test_dataset import Q1, RIGHT_1, refine_problem
+
+USER = {"role": "user", "content": "2 + 2?"}
+GOOD = {"role": "assistant", "content": "2 + 2 = 4. \\boxed{4}"}
+
+
+def sft_row(**changes) -> dict:
+    row = {"messages": [USER, GOOD], "metadata": example_provenance()}
+    row.update(changes)
+    return row
+
+
+def pair_row(**changes) -> dict:
+    row = {"prompt": [USER], "chosen": [GOOD],
+           "rejected": [{"role": "assistant", "content": "2 + 2 = 5. \\boxed{5}"}],
+           "metadata": example_provenance(pair=True)}
+    row.update(changes)
+    return row
+
+
+@pytest.mark.parametrize("bad", [
+    sft_row(messages=[USER, {"role": "assistant", "content": "<evaluation>x</evaluation> 4"}]),
+    sft_row(messages=[USER, {"role": "assistant", "content": "so <answer>4</answer>"}]),
+    sft_row(messages=[USER, {"role": "assistant", "content": "4<|im_end|>"}]),
+    sft_row(messages=[USER, {"role": "assistant", "content": "   "}]),
+    sft_row(messages=[GOOD, USER]),  # ends with the user
+    sft_row(messages=[GOOD]),
+    sft_row(metadata=example_provenance(weight=0)),
+    sft_row(metadata={k: v for k, v in example_provenance().items() if k != "verifier"}),
+    sft_row(metadata=example_provenance(gold="4")),  # no unknown (e.g. gold) fields
+    sft_row(extra="field"),
+])
+def test_schema_rejects_bad_sft_rows(bad) -> None:
+    with pytest.raises(ValidationError):
+        validate_sft_row(bad)
+
+
+@pytest.mark.parametrize("bad", [
+    pair_row(rejected=[GOOD]),  # chosen == rejected
+    pair_row(rejected=[{"role": "assistant", "content": " 2 + 2 = 4.  \\boxed{4} "}]),
+    pair_row(chosen=[GOOD, GOOD]),
+    pair_row(prompt=[USER, GOOD]),
+    pair_row(metadata=example_provenance()),  # no pair fields
+    pair_row(metadata=example_provenance(pair=True, pair_source="vibes")),
+])
+def test_schema_rejects_bad_pair_rows(bad) -> None:
+    with pytest.raises(ValidationError):
+        validate_pair_row(bad)
+
+
+def test_good_rows_validate_and_write_refuses_a_bad_one(tmp_path) -> None:
+    assert validate_sft_row(sft_row()).metadata.weight == 1.0
+    assert validate_pair_row(pair_row()).metadata.pair_source == "correct_incorrect"
+    out = tmp_path / "sft.jsonl"
+    assert write_rows(out, [sft_row(), sft_row()], "sft") == 2
+    bad = sft_row(messages=[USER, {"role": "assistant", "content": "<plan>p</plan>"}])
+    with pytest.raises(ValidationError):
+        write_rows(out, [sft_row(), bad], "sft")
+    assert len(read_rows(out, "sft")) == 2  # the old file is intact
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp left
+
+
+def test_read_rows_errors_name_the_line(tmp_path) -> None:
+    p = tmp_path / "x.jsonl"
+    p.write_text(json.dumps(sft_row()) + "\n" + json.dumps(sft_row(messages=[USER])) + "\n")
+    with pytest.raises(DistillError, match=r"x.jsonl:2: not a valid sft row"):
+        read_rows(p, "sft")
+    p.write_text("{not json\n")
+    with pytest.raises(DistillError, match="not valid JSON"):
+        read_rows(p, "sft")
+    p.write_text("\n")
+    with pytest.raises(DistillError, match="no sft rows"):
+        read_rows(p, "sft")
+
+
+def test_weights_become_repeat_counts() -> None:
+    assert expand_weights([0.5, 1.0, 2.0]) == [1, 2, 4]
+    assert expand_weights([1.0, 2.0, 1.0]) == [1, 2, 1]
+    assert expand_weights([1.0, 100.0], max_repeat=8) == [1, 8]
+    assert expand_weights([]) == []
+
+
+def test_train_refuses_bad_input_before_loading_a_model(tmp_path) -> None:
+    with pytest.raises(DistillError, match="does not exist"):
+        train(tmp_path / "missing.jsonl", out=tmp_path / "m")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DistillError, match="no sft rows"):
+        train(empty, out=tmp_path / "m")
+    good = tmp_path / "sft.jsonl"
+    write_rows(good, [sft_row()], "sft")
+    (tmp_path / "m").mkdir()
+    with pytest.raises(DistillError, match="already exists"):
+        train(good, out=tmp_path / "m")
+    with pytest.raises(DistillError, match="pairs.jsonl does not exist"):
+        train(good, out=tmp_path / "m2", pairs_path=tmp_path / "pairs.jsonl")
+    assert not (tmp_path / "m2").exists()
+
+
+# ----------------------------------------------------------------------------------- CLI
+
+runner = CliRunner()
+
+
+def test_cli_build_writes_rows_and_reports(tmp_path) -> None:
+    run = write_run(tmp_path, "run", [refine_problem()])
+    res = runner.invoke(distill_app, ["build", "--runs", str(run), "--sft",
+                                      str(tmp_path / "s.jsonl"), "--pairs",
+                                      str(tmp_path / "p.jsonl"), "--cot-instruction"])
+    assert res.exit_code == 0, res.output
+    assert "wrote 1 SFT rows (weighted 2)" in res.output and "1 pairs" in res.output
+    [row] = read_rows(tmp_path / "s.jsonl", "sft")
+    assert row.messages[0].content.startswith(Q1 + "\n\n")
+    assert row.messages[-1].content == RIGHT_1
+
+
+def test_cli_bad_input_exits_2(tmp_path) -> None:
+    res = runner.invoke(distill_app, ["build", "--runs", str(tmp_path / "nope"), "--sft",
+                                      str(tmp_path / "s.jsonl")])
+    assert res.exit_code == 2 and "does not exist" in res.output
+    # A run whose problems all fail: nothing to train on.
+    from tests.distill.test_dataset import WRONG_1, sc_problem
+
+    run = write_run(tmp_path, "bad", [sc_problem("p1", Q1, [WRONG_1], "7")])
+    res = runner.invoke(distill_app, ["build", "--runs", str(run), "--sft",
+                                      str(tmp_path / "s.jsonl")])
+    assert res.exit_code == 2 and "no verified SFT rows" in res.output
+    res = runner.invoke(distill_app, ["train", "--sft", str(tmp_path / "missing.jsonl"),
+                                      "--out", str(tmp_path / "m")])
+    assert res.exit_code == 2 and "does not exist" in res.output
+    res = runner.invoke(distill_app, ["train", "--sft", str(tmp_path / "s.jsonl"),
+                                      "--out", str(tmp_path / "m")])
+    assert res.exit_code == 2 and "no sft rows" in res.output
+    res = runner.invoke(distill_app, ["loop", "--dataset", "nope", "--out",
+                                      str(tmp_path / "loop")])
+    assert res.exit_code == 2 and "unknown dataset" in res.output
