@@ -18,8 +18,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parent.parent
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
-if not GSM8K.exists():  # CI lays shared/ beside the clone
+if not GSM8K.exists():  # CI lays shared/ beside the clone; a clone elsewhere uses this
     GSM8K = Path(os.environ.get("REFINERY_GSM8K", "/work/shared/data/gsm8k"))
+# eval's loaders look here first, so a clone outside the work tree finds the data.
+os.environ.setdefault("REFINERY_GSM8K", str(GSM8K))
 
 
 def free_port() -> int:
