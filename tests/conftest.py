@@ -46,7 +46,7 @@ def model_path() -> str:
     return resolve_model("smollm2-135m")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")  # a second engine: stopped once its module is done
 def vllm_server(model_path, tmp_path_factory):
     """vLLM's own OpenAI server on 127.0.0.1 (as documented in ARCHITECTURE.md)."""
     port = free_port()
