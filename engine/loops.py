@@ -66,6 +66,16 @@ class LoopAlarm:
     position: int
 
 
+def cut_at_onset(text: str, piece: str, alarm: LoopAlarm) -> tuple[int, str]:
+    """Where a backend cuts a sample whose monitor alarmed on ``piece``.
+
+    ``text`` is what came before ``piece``. Returns the onset clamped to the
+    text seen so far, and the part of ``piece`` before it (still to be sent).
+    """
+    onset = max(0, min(alarm.onset, len(text) + len(piece)))
+    return onset, piece[:max(0, onset - len(text))]
+
+
 class Monitor(Protocol):
     def feed(self, text: str) -> LoopAlarm | None: ...
 

@@ -34,7 +34,7 @@ from engine.errors import (
     PromptTooLongError,
     UnknownModelError,
 )
-from engine.loops import LoopDetector
+from engine.loops import LoopDetector, cut_at_onset
 from engine.types import Completion, Delta, Message, SamplingParams
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
@@ -168,10 +168,9 @@ class OpenAIBackend:
                 n_chunks += bool(piece)
                 alarm = mon.feed(piece) if (mon is not None and piece) else None
                 if alarm is not None:
-                    onset = max(0, min(alarm.onset, len(text) + len(piece)))
-                    keep = max(0, onset - len(text))
-                    if keep:
-                        yield Delta(text=piece[:keep])
+                    onset, kept = cut_at_onset(text, piece, alarm)
+                    if kept:
+                        yield Delta(text=kept)
                     text, finish = (text + piece)[:onset], "loop"
                     break
                 text += piece

@@ -33,7 +33,7 @@ from engine.errors import (
     InvalidRequestError,
     PromptTooLongError,
 )
-from engine.loops import LoopDetector
+from engine.loops import LoopDetector, cut_at_onset
 from engine.models import resolve_model
 from engine.types import Completion, Delta, Message, SamplingParams
 
@@ -193,12 +193,10 @@ class VLLMBackend:
                 alarm = mon.feed(piece) if (mon is not None and piece) else None
                 if alarm is not None:
                     # Closing the generator aborts the vLLM request (see _run).
-                    onset = max(0, min(alarm.onset, len(text) + len(piece)))
-                    keep = max(0, onset - len(text))
-                    if keep:
-                        yield Delta(text=piece[:keep])
-                    text = (text + piece)[:onset]
-                    finish = "loop"
+                    onset, kept = cut_at_onset(text, piece, alarm)
+                    if kept:
+                        yield Delta(text=kept)
+                    text, finish = (text + piece)[:onset], "loop"
                     break
                 text += piece
                 if piece:

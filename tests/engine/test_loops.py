@@ -203,3 +203,11 @@ def test_labelling_rule():
     # ... but a list of different numbers is not a loop.
     nums = [t for i in range(1, 60) for t in (" ", *str(7 * i), ",")]
     assert lab.repeat_onset(nums, n=12) is None
+
+
+def test_cut_at_onset_clamps_and_keeps_the_prefix_of_the_piece():
+    from engine.loops import LoopAlarm, cut_at_onset
+
+    assert cut_at_onset("abc", "defg", LoopAlarm(onset=5, position=7)) == (5, "de")
+    assert cut_at_onset("abc", "defg", LoopAlarm(onset=2, position=7)) == (2, "")
+    assert cut_at_onset("abc", "de", LoopAlarm(onset=99, position=5)) == (5, "de")
