@@ -8,6 +8,16 @@ forwards it to a live listener (the server streams it as reasoning).
 One Context per task; strategies running concurrently on the same task share
 it, which is what makes the budget a per-task budget.
 
+Budget admission reserves: a call admitted while others are still in flight
+must fit next to their worst cases, not only next to what is already spent,
+or concurrent calls (sc samples, ssr's batched re-solves, dei's members and
+reviews) would all be admitted before any of them is accounted. A call
+reserves one call and its prompt (counted by the backend) plus ``n x
+max_tokens`` under the root context; when it ends, however it ends, the
+reservation is replaced by its real usage. Calls therefore never exceed
+``max_calls``, and tokens exceed ``max_tokens`` only by the error of the
+backends' prompt counts (zero for vLLM, whose count is its tokenizer's).
+
 Example:
     >>> ctx = Context(backend, budget=Budget(max_calls=8))
     >>> gen = await ctx.generate([Message(role="user", content="2+2?")],
@@ -72,6 +82,7 @@ class Context:
         self.listener = listener
         self.final_sink = final_sink
         self.usage = Usage()
+        self._reserved = Usage()  # worst cases of the calls in flight (root only)
         self.started = time.monotonic()
         self._shared = self  # inner contexts account into the root
 
@@ -99,24 +110,65 @@ class Context:
             return None
         return self.budget.max_seconds - (time.monotonic() - self._shared.started)
 
-    def _admit(self, params: SamplingParams, n: int) -> SamplingParams:
-        """Refuse a call the budget cannot afford; shrink max_tokens to what is left."""
-        u, b = self.spent, self.budget
-        if b.max_calls is not None and u.calls + 1 > b.max_calls:
+    @property
+    def reserved(self) -> Usage:
+        """What the calls in flight may still spend (their admitted worst cases)."""
+        return self._shared._reserved
+
+    def _admit(self, messages: Sequence[Message], params: SamplingParams,
+               n: int) -> tuple[SamplingParams, Usage]:
+        """Refuse a call the budget cannot afford, or reserve its worst case.
+
+        ``max_tokens`` is shrunk so that the prompt and ``n`` samples fit the
+        room left by what is spent and what the calls in flight have reserved.
+
+        Returns:
+            The (possibly shrunk) params and the reservation, which the caller
+            must hand to ``_settle`` when the call ends, however it ends.
+
+        Raises:
+            BudgetExhausted: no room for one more call.
+        """
+        u, r, b = self.spent, self.reserved, self.budget
+        if b.max_calls is not None and u.calls + r.calls + 1 > b.max_calls:
             raise BudgetExhausted(f"call budget of {b.max_calls} spent")
         left = self.remaining_seconds()
         if left is not None and left <= 0:
             raise BudgetExhausted(f"time budget of {b.max_seconds}s spent")
+        prompt = 0
         if b.max_tokens is not None:
-            room = b.max_tokens - u.total_tokens
+            room = b.max_tokens - u.total_tokens - r.total_tokens
             if room <= 0:
                 raise BudgetExhausted(f"token budget of {b.max_tokens} spent")
-            # Prompt tokens are unknown until tokenised; the per-sample cap keeps
-            # the overshoot of one call bounded by its prompt.
-            per_sample = max(1, room // n)
+            # Parallel samples share one prompt; it is counted once, as in _account.
+            prompt = self.backend.count_tokens(messages)
+            per_sample = (room - prompt) // n
+            if per_sample < 1:
+                raise BudgetExhausted(
+                    f"token budget of {b.max_tokens} spent: {room} tokens left, too few "
+                    f"for a {prompt}-token prompt and {n} sample(s)")
             if per_sample < params.max_tokens:
                 params = params.but(max_tokens=per_sample)
-        return params
+        hold = Usage(prompt_tokens=prompt, completion_tokens=n * params.max_tokens, calls=1)
+        self._shared._reserved = self.reserved + hold
+        return params, hold
+
+    def _settle(self, hold: Usage, comps: Sequence[Completion] | None) -> Usage:
+        """Release a call's reservation and account what it really used.
+
+        ``comps`` is None for a call that failed or was cancelled: it still
+        counts as a call (the engine got it), but its tokens are unknown.
+        """
+        root = self._shared
+        r = root._reserved
+        root._reserved = Usage(prompt_tokens=r.prompt_tokens - hold.prompt_tokens,
+                               completion_tokens=r.completion_tokens - hold.completion_tokens,
+                               calls=r.calls - hold.calls)
+        if comps is None:
+            used = Usage(calls=1)
+            root.usage = root.usage + used
+            return used
+        return self._account(comps)
 
     def _account(self, comps: Sequence[Completion]) -> Usage:
         # Parallel samples share one prompt: count it once, as vLLM computes it once.
@@ -149,15 +201,20 @@ class Context:
         """
         params = params or self.params
         n = params.n if n is None else n
-        params = self._admit(params, n)
+        params, hold = self._admit(messages, params, n)
         t0 = time.monotonic()
         streamed = final and self.final_sink is not None and n == 1
-        if streamed:
-            comps = [await self._timed(self._stream_final(messages, params))]
-        else:
-            comps = await self._timed(self.backend.generate(
-                messages, params, n=n, monitor=self.loop_detector))
-        used = self._account(comps)
+        comps = None
+        try:
+            if streamed:
+                comps = [await self._timed(self._stream_final(messages, params))]
+            else:
+                comps = await self._timed(self.backend.generate(
+                    messages, params, n=n, monitor=self.loop_detector))
+        finally:
+            # Also on an error or a cancellation (the deadline, a client gone):
+            # a reservation left behind would shrink the budget for good.
+            used = self._settle(hold, comps)
         gen = Generation(comps)
         gen.event_id = self.record(TraceEvent(
             kind="generation", step=step, strategy=strategy, parents=list(parents),
@@ -175,34 +232,47 @@ class Context:
                             params: SamplingParams) -> Completion:
         assert self.final_sink is not None
         last = None
-        async for delta in self.backend.stream(messages, params, monitor=self.loop_detector):
-            if delta.text:
-                await self.final_sink(delta.text)
-            last = delta
+        stream = self.backend.stream(messages, params, monitor=self.loop_detector)
+        try:
+            async for delta in stream:
+                if delta.text:
+                    await self.final_sink(delta.text)
+                last = delta
+        finally:
+            # Cancelled while awaiting the sink, the stream would otherwise stay
+            # suspended until garbage-collected, its engine request still running;
+            # closing it aborts the request now.
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
         assert last is not None and last.completion is not None
         return last.completion
 
     async def _retry_loops(self, messages: Sequence[Message], params: SamplingParams,
                            gen: Generation, strategy: str) -> Generation:
         """One retry per looping sample, with the cut text and a nudge in context."""
+        used = Usage()
+
         async def retry(c: Completion) -> Completion:
+            nonlocal used
             if c.finish_reason != "loop":
-                return c
-            try:
-                p = self._admit(params, 1)
-            except BudgetExhausted:
                 return c
             turn = [*messages, Message(role="assistant", content=c.text),
                     Message(role="user", content=LOOP_NUDGE)]
-            [r] = await self._timed(self.backend.generate(turn, p, n=1,
-                                                          monitor=self.loop_detector))
-            return r
+            try:
+                p, hold = self._admit(turn, params, 1)
+            except BudgetExhausted:
+                return c
+            out = None
+            try:
+                out = await self._timed(self.backend.generate(turn, p, n=1,
+                                                              monitor=self.loop_detector))
+            finally:
+                used = used + self._settle(hold, out)
+            return out[0]
 
         comps = await asyncio.gather(*(retry(c) for c in gen))
         retried = [c for c, old in zip(comps, gen, strict=True) if c is not old]
-        used = Usage()
-        for c in retried:
-            used = used + self._account([c])
         out = Generation(comps)
         out.event_id = self.record(TraceEvent(
             kind="generation", step="loop_retry", strategy=strategy, parents=[gen.event_id],

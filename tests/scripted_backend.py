@@ -9,10 +9,19 @@ callable ``(messages, params, i) -> str``. First matching rule wins.
         (r"sub-questions", '{"sub-questions": []}'),
         (r".*", ["The answer is 4.", "The answer is 5."]),
     ])
+
+Optional knobs (all off by default, so the double answers at once): ``yields``
+zero-delay loop yields inside every call (concurrent calls interleave as in
+vLLM, deterministically), ``delay`` seconds per call (a slow engine), and
+``hang_after`` (calls after the first ``hang_after`` never finish: they wait
+until cancelled). ``log`` records ("start" | "done" | "cancel", call index) in
+order, so a test can prove which calls a deadline cancelled and that none
+started after it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +44,33 @@ class ScriptedBackend:
     model: str = "scripted"
     max_model_len: int = 4096
     calls: list[Call] = field(default_factory=list)
+    yields: int = 0
+    delay: float = 0.0
+    hang_after: int | None = None
+    log: list[tuple[str, int]] = field(default_factory=list)
+
+    @property
+    def cancelled(self) -> list[int]:
+        """Indices of the calls that were cancelled (or closed) before they finished."""
+        return [i for what, i in self.log if what == "cancel"]
+
+    async def _wait(self, index: int) -> None:
+        """The knobs' waiting; records a cancellation that lands here."""
+        self.log.append(("start", index))
+        try:
+            for _ in range(self.yields):
+                await asyncio.sleep(0)
+            if self.delay:
+                await asyncio.sleep(self.delay)
+            if self.hang_after is not None and index >= self.hang_after:
+                await asyncio.Event().wait()  # only cancellation ends this call
+        except (asyncio.CancelledError, GeneratorExit):
+            self.log.append(("cancel", index))
+            raise
+
+    @property
+    def _slow(self) -> bool:
+        return bool(self.yields or self.delay or self.hang_after is not None)
 
     def _reply(self, messages: Sequence[Message], params: SamplingParams, i: int) -> str:
         prompt = "\n".join(m.content for m in messages)
@@ -63,13 +99,27 @@ class ScriptedBackend:
     async def generate(self, messages, params, *, n=None, monitor=None) -> list[Completion]:
         n = params.n if n is None else n
         self.calls.append(Call(list(messages), params, n))
+        if self._slow:
+            index = len(self.calls) - 1
+            await self._wait(index)
+            self.log.append(("done", index))
         return [self._completion(messages, params, i) for i in range(n)]
 
     async def stream(self, messages, params, *, monitor=None) -> AsyncIterator[Delta]:
         self.calls.append(Call(list(messages), params, 1))
+        index = len(self.calls) - 1
+        if self._slow:
+            await self._wait(index)
         comp = self._completion(messages, params, 0)
-        for piece in re.findall(r"\s*\S+", comp.text):
-            yield Delta(text=piece)
+        try:
+            for piece in re.findall(r"\s*\S+", comp.text):
+                yield Delta(text=piece)
+        except GeneratorExit:  # the consumer closed the stream early (an abort)
+            if self._slow:
+                self.log.append(("cancel", index))
+            raise
+        if self._slow:
+            self.log.append(("done", index))
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
     async def aclose(self) -> None:

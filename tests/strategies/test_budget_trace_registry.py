@@ -32,7 +32,8 @@ async def test_budget_inside_inner_strategies_propagates_to_metadata():
     backend = ProbeBackend([(r"strict examiner", LOW), (r".*", "\\boxed{4}")])
     sc = SelfConsistency(CritiqueRefine(CoT(), rounds=1), n=3)
     attempt = await sc.solve(task(), ctx(backend, max_calls=4))
-    # (Context admits calls on completed usage, so concurrent calls may overshoot a little)
+    # admission counts the calls in flight, so the concurrent runs cannot overshoot
+    assert len(backend.calls) == 4
     assert attempt.answer == "4"
     assert attempt.metadata["votes"] == {"4": 3}
     assert "budget" in attempt.metadata["budget_exhausted"]
