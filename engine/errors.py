@@ -17,7 +17,9 @@ OpenAI error body (``{"error": {"message", "type", "param", "code"}}``) with
     ├── BackendError                    502   upstream/engine failed a request
     │   └── BackendUnavailableError     503   engine not ready or dead
     ├── EngineStartError                503   engine failed to start (memory hints)
-    └── SandboxError                    500   the code sandbox itself failed
+    ├── SandboxError                    500   the code sandbox itself failed
+    └── StorageError                    500   a result/trace line could not be written
+                                              (also an OSError: disk full, read-only)
 """
 
 from __future__ import annotations
@@ -98,3 +100,13 @@ class EngineStartError(BackendUnavailableError):
 
 class SandboxError(RefineryError):
     """The sandbox could not run at all (not: the candidate failed)."""
+
+
+class StorageError(RefineryError, OSError):
+    """A result or trace line could not be written whole (disk full, read-only, quota).
+
+    Also an ``OSError`` so callers that guard file I/O keep catching it; the
+    message names the file and the cause, and nothing was half-written.
+    """
+
+    type = "storage_error"

@@ -2,8 +2,12 @@
 
 Events reference their parents by id, so a task's trace is a DAG (networkx
 for analysis and rendering). ``TraceWriter`` appends one JSON line per task,
-written whole with a single ``write`` of a complete line and an fsync, so a
-crash never leaves a torn line that a reader would half-parse.
+written whole with a single ``write`` of a complete line and an fsync. A kill
+in the middle of that write can leave at most an unterminated last line:
+``read_traces`` skips it and the next ``TraceWriter`` on the file cuts it off
+before appending, so no line in the middle of a file is ever torn. A write
+that fails (disk full) raises :class:`~engine.errors.StorageError` naming the
+file; the partial bytes are removed, not left behind.
 
 Example:
     >>> trace = Trace(task_id="t1")
@@ -15,9 +19,13 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import fcntl
 import itertools
 import json
 import os
+import stat
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -25,6 +33,7 @@ from typing import Any, Literal
 import networkx as nx
 from pydantic import BaseModel, Field
 
+from engine.errors import StorageError
 from engine.types import Attempt, Completion, Message, Usage
 
 EventKind = Literal["generation", "step", "verdict", "error"]
@@ -123,30 +132,113 @@ class Trace(BaseModel):
         return "\n".join(lines)
 
 
+def append_whole_line(path: str | os.PathLike[str], line: bytes, *, what: str = "line") -> None:
+    """Append ``line`` (ending in a newline) with one ``O_APPEND`` write, then ``fsync``.
+
+    An exclusive ``flock`` is held for the write, so :func:`repair_tail` in
+    another process never mistakes a line being written for a torn one.
+
+    Args:
+        path: The JSONL file (created if missing).
+        line: One complete line, newline-terminated.
+        what: What the line is ("result", "trace"), for the error message.
+
+    Raises:
+        StorageError: The line could not be written whole (ENOSPC, EFBIG, EROFS...);
+            any part of it that reached the file has been cut off again.
+    """
+    fd = -1
+    start = None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        start = os.fstat(fd).st_size
+        written = os.write(fd, line)
+        if written != len(line):
+            # A short write to a regular file means the device or a limit ran out.
+            raise OSError(f"short write ({written}/{len(line)} bytes; disk full?)")
+        os.fsync(fd)
+    except OSError as exc:
+        if fd >= 0 and start is not None:
+            # Leave no partial line behind; the lock keeps other writers out meanwhile.
+            with contextlib.suppress(OSError):
+                st = os.fstat(fd)
+                if stat.S_ISREG(st.st_mode) and st.st_size > start:
+                    os.ftruncate(fd, start)
+        reason = exc.strerror or str(exc)
+        err = StorageError(f"could not write a {what} to {path}: {reason}. Nothing was "
+                           "half-written; free space (or fix the path) and retry.",
+                           code=_errno_name(exc.errno))
+        err.errno = exc.errno
+        raise err from exc
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _errno_name(num: int | None) -> str | None:
+    """``ENOSPC`` for 28, ``None`` when there is no errno."""
+    return errno.errorcode.get(num) if num else None
+
+
+def repair_tail(path: str | os.PathLike[str]) -> int:
+    """Cut an unterminated last line (a writer killed mid-write) off a JSONL file.
+
+    Only regular files are touched, under the same ``flock`` writers take.
+
+    Returns:
+        How many bytes were cut (0 when the file ends with a newline or is missing).
+    """
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except FileNotFoundError:
+        return 0
+    except OSError as exc:
+        raise StorageError(f"cannot open {path} to check its last line: {exc.strerror}",
+                           code=_errno_name(exc.errno)) from exc
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size == 0:
+            return 0
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        size = os.fstat(fd).st_size
+        # Scan back from the end in blocks: lines can be megabytes long.
+        pos, block = size, 65536
+        while pos > 0:
+            lo = max(0, pos - block)
+            chunk = os.pread(fd, pos - lo, lo)
+            nl = chunk.rfind(b"\n")
+            if nl >= 0:
+                cut = lo + nl + 1
+                break
+            pos = lo
+        else:
+            cut = 0
+        if cut < size:
+            os.ftruncate(fd, cut)
+            os.fsync(fd)
+        return size - cut
+    finally:
+        os.close(fd)
+
+
 class TraceWriter:
     """Append-only JSONL sink: one task per line, each line written whole.
 
-    Raises OSError (e.g. ENOSPC) loudly rather than dropping a trace.
+    Creating a writer cuts a torn last line left by a killed writer (one
+    process writes a file at a time; concurrent tasks of that process are
+    serialised here). Raises :class:`~engine.errors.StorageError` (an
+    ``OSError``, e.g. ENOSPC) loudly rather than dropping a trace.
     """
 
     def __init__(self, path: str | os.PathLike[str]):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = asyncio.Lock()
+        self.repaired = repair_tail(self.path)
 
     def write_sync(self, trace: Trace) -> None:
-        line = (trace.model_dump_json() + "\n").encode()
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            # O_APPEND + one write per line: concurrent writers never interleave
-            # inside a line, and a crash leaves either the whole line or none
-            # (a partial final line is dropped by read_traces).
-            written = os.write(fd, line)
-            if written != len(line):
-                raise OSError(f"short write to {self.path} ({written}/{len(line)} bytes)")
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        append_whole_line(self.path, (trace.model_dump_json() + "\n").encode(), what="trace")
 
     async def write(self, trace: Trace) -> None:
         async with self._lock:

@@ -6,7 +6,9 @@ A run directory holds:
   problems, strategy spec, canonical form and graph, model, sampling, budget,
   code version), written once, atomically;
 - ``results.jsonl``: one line per finished problem, each written whole (a single
-  ``os.write`` of a complete line with ``O_APPEND``, then ``fsync``);
+  ``os.write`` of a complete line with ``O_APPEND``, then ``fsync``; a write that
+  fails, e.g. a full disk, raises :class:`~engine.errors.StorageError` naming the
+  file and the run stops: a finished result is never dropped silently);
 - ``traces.jsonl``: one engine trace per finished problem (``engine.trace.TraceWriter``).
 
 Rerunning the same command continues where the last one stopped: a torn last
@@ -28,9 +30,11 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -45,10 +49,10 @@ from pydantic import BaseModel, Field
 
 from engine.backends.base import Backend
 from engine.context import Budget, Context
-from engine.errors import InvalidRequestError, RefineryError
+from engine.errors import InvalidRequestError, RefineryError, StorageError
 from engine.graph import non_default, to_mermaid, to_spec
 from engine.run import iter_run
-from engine.trace import Trace, TraceWriter
+from engine.trace import Trace, TraceWriter, append_whole_line
 from engine.types import Attempt, SamplingParams, Task
 from eval.datasets import REPO, Example, Split, dataset_fingerprint, load_dataset
 from eval.metrics import Accuracy, CostSummary, Scorer, accuracy, cost_summary
@@ -155,20 +159,26 @@ def append_line(path: str | os.PathLike[str], row: Mapping[str, Any]) -> None:
 
     A crash leaves either the complete line or nothing of it except, at worst, a
     torn tail that :func:`read_results` cuts off.
+
+    Raises:
+        StorageError: the line could not be written (disk full...); nothing of it is left.
     """
     line = (json.dumps(row, ensure_ascii=False, default=str) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        written = os.write(fd, line)
-        if written != len(line):
-            raise OSError(f"short write to {path} ({written}/{len(line)} bytes)")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    append_whole_line(path, line, what="result")
+
+
+def _snapshot(path: Path) -> bytes:
+    """The bytes a file had when opened; a non-regular file (``/dev/full``) reads as empty.
+
+    Bounded by the size at open: reading a device to its "end" may never finish.
+    """
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        return f.read(st.st_size) if stat.S_ISREG(st.st_mode) else b""
 
 
 def _complete_part(path: Path, *, repair: bool) -> bytes:
-    data = path.read_bytes()
+    data = _snapshot(path)
     if data and not data.endswith(b"\n"):
         cut = data.rfind(b"\n") + 1
         data = data[:cut]
@@ -200,11 +210,18 @@ def read_results(path: str | os.PathLike[str], *, repair: bool = False) -> list[
 
 def _rewrite(path: Path, lines: Sequence[bytes]) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.writelines(lines)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        # The original file is untouched (os.replace is the only step that changes it).
+        raise StorageError(f"could not rewrite {path}: {exc.strerror or exc}. The file is "
+                           "unchanged; free space (or fix the path) and rerun.") from exc
 
 
 def _compact_traces(path: Path, keep: set[str]) -> None:
@@ -212,7 +229,7 @@ def _compact_traces(path: Path, keep: set[str]) -> None:
     problems that will run again (a kill between trace and result leaves those)."""
     if not path.exists():
         return
-    raw = path.read_bytes()
+    raw = _snapshot(path)
     lines = raw.splitlines(keepends=True)
     last: dict[str, int] = {}
     for i, line in enumerate(lines):
