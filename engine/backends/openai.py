@@ -6,6 +6,22 @@ backoff with jitter) cover 408/409/429/5xx and connection errors; the SDK's
 own retries are turned off so there is one retry policy, not two stacked.
 Cancelling a call closes its HTTP stream, which makes vLLM abort the request.
 
+Retries must not turn an overloaded upstream into a more overloaded one, so
+one ``UpstreamGuard`` per backend is shared by all its requests:
+
+- a retry budget (gRPC-style retry throttling): every failed attempt costs a
+  token, every success earns back a fraction of one, and retries stop while
+  the bucket is at or below half full. N concurrent requests against a storm
+  therefore cost about N attempts plus the budget, not N x max attempts;
+- ``Retry-After`` (or ``retry-after-ms``) pauses every request, not only the
+  one that got it, and a pause longer than the retry deadline fails at once;
+- a circuit breaker: after ``breaker_threshold`` consecutive failures the
+  backend refuses calls for ``breaker_cooldown`` seconds without touching the
+  upstream. ``healthy`` is False while it is open; ``check_health`` probes the
+  upstream (``GET /models``) so /health reflects reachability: an unreachable
+  upstream opens the breaker, and a probe that gets through closes a breaker
+  opened for unreachability (one opened by an error storm waits its cooldown).
+
 Example:
     >>> backend = OpenAIBackend("smollm2-135m", base_urls=["http://127.0.0.1:8001/v1"])
     >>> [c] = await backend.generate([Message(role="user", content="Hi")], SamplingParams())
@@ -14,10 +30,15 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import itertools
+import logging
+import math
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import httpx
 import openai
 from tenacity import (
     AsyncRetrying,
@@ -37,6 +58,8 @@ from engine.errors import (
 from engine.loops import LoopDetector, cut_at_onset
 from engine.types import Completion, Delta, Message, SamplingParams
 
+log = logging.getLogger(__name__)
+
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
 
@@ -46,6 +69,145 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, openai.APIStatusError) and exc.status_code in RETRY_STATUS
 
 
+def retry_after_seconds(exc: BaseException) -> float | None:
+    """The delay an error response asks for (``retry-after-ms`` or ``Retry-After``).
+
+    Args:
+        exc: the exception of a failed attempt.
+
+    Returns:
+        Seconds to wait, or None when the response carries no usable header.
+    """
+    if not isinstance(exc, openai.APIStatusError):
+        return None
+    headers = exc.response.headers
+    ms = headers.get("retry-after-ms")
+    if ms is not None:
+        try:
+            value = float(ms) / 1000
+            return value if math.isfinite(value) and value >= 0 else None
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        # RFC 9110 also allows an HTTP date.
+        try:
+            when = email.utils.parsedate_to_datetime(raw)
+        except (TypeError, ValueError):
+            return None
+        return max(0.0, when.timestamp() - time.time())
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+class UpstreamGuard:
+    """Retry budget, shared Retry-After pause and circuit breaker of one backend.
+
+    All requests of a backend share one guard, which is what keeps retries
+    from multiplying load: the budget caps retries across requests, not per
+    request.
+
+    Args:
+        budget: tokens in the retry bucket; retries are allowed while more
+            than half remain (0 disables retries altogether).
+        token_ratio: tokens a successful call puts back.
+        breaker_threshold: consecutive failed attempts that open the circuit.
+        breaker_cooldown: seconds the open circuit refuses calls.
+        clock: monotonic time source (tests may pass their own).
+    """
+
+    def __init__(self, budget: float = 20.0, token_ratio: float = 0.1,
+                 breaker_threshold: int = 10, breaker_cooldown: float = 5.0,
+                 clock=time.monotonic):
+        self.max_tokens = float(budget)
+        self.tokens = float(budget)
+        self.token_ratio = token_ratio
+        self.breaker_threshold = breaker_threshold
+        self.breaker_cooldown = breaker_cooldown
+        self.clock = clock
+        self.consecutive_failures = 0
+        self.open_until = 0.0
+        self.pause_until = 0.0
+        self.last_error = ""
+        # Whether the last failure was "cannot connect" (a health probe that gets
+        # through proves that wrong) rather than "answered with an error" (a probe
+        # proves nothing: /models answers fine during a 429 storm).
+        self.unreachable = False
+        # Counters for metrics and tests: what the guard let through or refused.
+        self.attempts = 0
+        self.retries_denied = 0
+        self.short_circuited = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self.clock() < self.open_until
+
+    def admit(self) -> None:
+        """Raise instead of calling the upstream while the circuit is open.
+
+        Raises:
+            BackendUnavailableError: the circuit is open.
+        """
+        now = self.clock()
+        if now < self.open_until:
+            self.short_circuited += 1
+            raise BackendUnavailableError(
+                f"upstream unavailable: circuit open for {self.open_until - now:.1f}s more "
+                f"after {self.consecutive_failures} consecutive failures "
+                f"(last: {self.last_error})", code="upstream_circuit_open")
+        self.attempts += 1
+
+    def success(self) -> None:
+        self.tokens = min(self.max_tokens, self.tokens + self.token_ratio)
+        self.consecutive_failures = 0
+        self.open_until = 0.0
+        self.unreachable = False
+
+    def reachable(self) -> None:
+        """A health probe got through: close a circuit opened for unreachability."""
+        if self.unreachable:
+            self.unreachable = False
+            self.consecutive_failures = 0
+            self.open_until = 0.0
+
+    def failure(self, exc: BaseException) -> None:
+        """Record a failed attempt (an upstream error, not the caller's mistake)."""
+        self.tokens = max(0.0, self.tokens - 1)
+        self.consecutive_failures += 1
+        self.last_error = _describe(exc)
+        self.unreachable = isinstance(exc, (openai.APIConnectionError, httpx.HTTPError))
+        delay = retry_after_seconds(exc)
+        if delay:
+            self.pause_until = max(self.pause_until, self.clock() + delay)
+        if self.consecutive_failures >= self.breaker_threshold:
+            self.trip()
+
+    def trip(self) -> None:
+        """Open the circuit for the cooldown (also used by a failed health probe)."""
+        if not self.is_open:
+            log.warning("upstream circuit opened for %.1fs after %d consecutive failures: %s",
+                        self.breaker_cooldown, self.consecutive_failures, self.last_error)
+        self.open_until = self.clock() + self.breaker_cooldown
+
+    def may_retry(self) -> bool:
+        ok = self.tokens > self.max_tokens / 2
+        if not ok:
+            self.retries_denied += 1
+        return ok
+
+    def pause_left(self) -> float:
+        return max(0.0, self.pause_until - self.clock())
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, openai.APIStatusError):
+        return f"{exc.status_code} {exc.message}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 class OpenAIBackend:
     """Backend over the ``openai`` SDK. ``served_model`` is the upstream model id."""
 
@@ -53,7 +215,30 @@ class OpenAIBackend:
                  served_model: str | None = None, max_concurrency: int = 64,
                  max_retries: int = 5, max_retry_seconds: float = 60.0,
                  timeout: float = 600.0, max_model_len: int = 4096,
-                 backoff_initial: float = 0.5, backoff_max: float = 8.0):
+                 backoff_initial: float = 0.5, backoff_max: float = 8.0,
+                 max_retry_after: float = 30.0, retry_budget: float = 20.0,
+                 breaker_threshold: int = 10, breaker_cooldown: float = 5.0,
+                 health_timeout: float = 5.0):
+        """Connect to one or more upstream servers.
+
+        Args:
+            model: the name refinery reports.
+            base_urls: upstream base URL(s) ending in ``/v1``; used round-robin.
+            api_key: the upstream key.
+            served_model: the upstream model id (default ``model``).
+            max_concurrency: requests in flight to the upstream at most.
+            max_retries: retries per call (attempts = ``max_retries + 1``).
+            max_retry_seconds: a call stops retrying after this long.
+            timeout: seconds for one upstream request.
+            max_model_len: the upstream model's context window.
+            backoff_initial: first backoff step in seconds (doubles, with jitter).
+            backoff_max: longest backoff step in seconds.
+            max_retry_after: a ``Retry-After`` longer than this is capped to it.
+            retry_budget: tokens of the retry budget shared by all calls.
+            breaker_threshold: consecutive failures that open the circuit.
+            breaker_cooldown: seconds the open circuit refuses calls.
+            health_timeout: seconds ``check_health`` waits for the upstream.
+        """
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise InvalidRequestError("OpenAIBackend needs at least one base URL",
@@ -65,12 +250,58 @@ class OpenAIBackend:
                                            timeout=timeout) for u in urls]
         self._next = itertools.cycle(range(len(self.clients)))
         self._sem = asyncio.Semaphore(max_concurrency)
-        self._retry = dict(
-            retry=retry_if_exception(_retryable),
-            stop=stop_after_attempt(max_retries + 1) | stop_after_delay(max_retry_seconds),
-            wait=wait_exponential_jitter(multiplier=backoff_initial, max=backoff_max),
-            reraise=True,
-        )
+        self.max_retries = max_retries
+        self.max_retry_seconds = max_retry_seconds
+        self.max_retry_after = max_retry_after
+        self._backoff = wait_exponential_jitter(multiplier=backoff_initial, max=backoff_max,
+                                                jitter=backoff_initial)
+        self.guard = UpstreamGuard(budget=retry_budget, breaker_threshold=breaker_threshold,
+                                   breaker_cooldown=breaker_cooldown)
+        self.health_timeout = health_timeout
+        self._health_checked = 0.0
+
+    # -- health -------------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        """False while the circuit is open (the upstream failed repeatedly or a probe
+        could not reach it)."""
+        return not self.guard.is_open
+
+    @property
+    def status(self) -> str:
+        """Why the backend is not healthy, for /health."""
+        if self.healthy:
+            return "ok"
+        return f"upstream unavailable ({self.guard.last_error})"
+
+    async def check_health(self) -> bool:
+        """Probe every upstream with ``GET /models`` and update the circuit.
+
+        At most one probe per second goes out, however often /health is hit,
+        so a load balancer polling /health does not add load of its own.
+
+        Returns:
+            True when every upstream answered.
+        """
+        now = time.monotonic()
+        if now - self._health_checked < 1.0:
+            return self.healthy
+        self._health_checked = now
+        for client in self.clients:
+            try:
+                await client.models.list(timeout=self.health_timeout)
+            except (openai.APIConnectionError, openai.InternalServerError) as exc:
+                self.guard.last_error = _describe(exc)
+                self.guard.unreachable = True
+                self.guard.trip()
+                return False
+            except openai.APIStatusError:
+                pass  # 401/404/429...: the upstream is up and answering
+        # Only reachability is proven: a circuit opened by an error storm stays open
+        # for its cooldown, and the retry budget is earned by real calls only.
+        self.guard.reachable()
+        return self.healthy
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
         # No tokenizer here: a rough bound (4 chars/token) that is only used for
@@ -91,13 +322,67 @@ class OpenAIBackend:
             kw["logprobs"] = True
         return kw
 
+    def _wait(self, state) -> float:
+        """Jittered exponential backoff, but never shorter than ``Retry-After``."""
+        wait = self._backoff(state)
+        exc = state.outcome.exception() if state.outcome else None
+        asked = retry_after_seconds(exc) if exc is not None else None
+        if asked is not None:
+            wait = max(wait, min(asked, self.max_retry_after))
+        return wait
+
     async def _call(self, fn):
-        """Run ``fn(client)`` under the concurrency cap with the retry policy."""
+        """Run ``fn(client)`` under the concurrency cap with the retry policy.
+
+        Raises:
+            BackendUnavailableError: the upstream stayed unreachable or overloaded
+                (retries exhausted, retry budget spent, or the circuit is open).
+            BackendError: the upstream failed in a way a retry cannot fix.
+            InvalidRequestError: the upstream rejected the request (400).
+            UnknownModelError: the upstream does not serve the model.
+        """
+        guard = self.guard
+        deadline = time.monotonic() + self.max_retry_seconds
+        why_stopped = "after retries"
+
+        def retry_ok(exc: BaseException) -> bool:
+            nonlocal why_stopped
+            if not _retryable(exc):
+                return False
+            guard.failure(exc)
+            asked = retry_after_seconds(exc) or 0.0
+            if min(asked, self.max_retry_after) > deadline - time.monotonic():
+                why_stopped = f"and asked to retry after {asked:.0f}s, past the retry deadline"
+                return False
+            if guard.is_open:
+                why_stopped = "and the circuit breaker opened"
+                return False
+            if not guard.may_retry():
+                why_stopped = "with the shared retry budget spent (not retried)"
+                return False
+            return True
+
         try:
             async with self._sem:
-                async for attempt in AsyncRetrying(**self._retry):
+                async for attempt in AsyncRetrying(
+                        retry=retry_if_exception(retry_ok),
+                        stop=(stop_after_attempt(self.max_retries + 1)
+                              | stop_after_delay(self.max_retry_seconds)),
+                        wait=self._wait, reraise=True):
                     with attempt:
-                        return await fn(self.clients[next(self._next)])
+                        pause = guard.pause_left()
+                        if pause > deadline - time.monotonic():
+                            raise BackendUnavailableError(
+                                f"upstream asked to retry after {pause:.0f}s, past this "
+                                f"call's retry deadline (last: {guard.last_error})",
+                                code="upstream_rate_limited")
+                        if pause:
+                            # Another call got Retry-After: everyone holds off.
+                            await asyncio.sleep(pause)
+                        guard.admit()
+                        result = await fn(self.clients[next(self._next)])
+                        guard.success()
+                        return result
         except openai.NotFoundError as exc:
             raise UnknownModelError(f"upstream does not serve {self.served_model!r}: "
                                     f"{exc.message}", param="model") from exc
@@ -108,10 +393,11 @@ class OpenAIBackend:
                                          code="context_length_exceeded") from exc
             raise InvalidRequestError(msg) from exc
         except openai.APIConnectionError as exc:
-            raise BackendUnavailableError(f"upstream unreachable after retries: {exc}") from exc
+            raise BackendUnavailableError(
+                f"upstream unreachable {why_stopped}: {exc}") from exc
         except openai.APIStatusError as exc:
             cls = BackendUnavailableError if exc.status_code in RETRY_STATUS else BackendError
-            raise cls(f"upstream answered {exc.status_code} after retries: "
+            raise cls(f"upstream answered {exc.status_code} {why_stopped}: "
                       f"{exc.message}") from exc
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
@@ -178,8 +464,12 @@ class OpenAIBackend:
                     yield Delta(text=piece)
                 if ch.finish_reason:
                     finish = ch.finish_reason
-        except openai.APIError as exc:
-            raise BackendUnavailableError(f"upstream stream broke: {exc}") from exc
+        except (openai.APIError, httpx.HTTPError) as exc:
+            # httpx errors are not wrapped by the SDK once the body is streaming:
+            # an upstream that dies mid-answer shows up as RemoteProtocolError.
+            self.guard.failure(exc)
+            raise BackendUnavailableError(
+                f"upstream stream broke: {type(exc).__name__}: {exc}") from exc
         finally:
             # Closing the HTTP response is how an OpenAI-compatible server learns
             # to abort the request (early stop, loop alarm, or our cancellation).

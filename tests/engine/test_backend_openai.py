@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 
 import pytest
 import uvicorn
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
-from engine.backends.openai import OpenAIBackend
+from engine.backends.openai import OpenAIBackend, UpstreamGuard
 from engine.errors import BackendUnavailableError, UnknownModelError
 from engine.types import Message, SamplingParams
 from tests.conftest import free_port
@@ -26,26 +27,13 @@ def ok_body(text: str = "4") -> dict:
             "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}
 
 
-class FaultServer:
-    """Answers ``failures`` errors (cycling through ``statuses``), then succeeds."""
+class ThreadedApp:
+    """Runs a FastAPI app on 127.0.0.1 in a thread; ``with`` gives its /v1 URL."""
 
-    def __init__(self, failures: int, statuses=(429, 503)):
-        self.failures, self.statuses, self.hits = failures, statuses, []
-        app = FastAPI()
-
-        @app.post("/v1/chat/completions")
-        async def chat():
-            self.hits.append(time.monotonic())
-            i = len(self.hits) - 1
-            if i < self.failures:
-                status = self.statuses[i % len(self.statuses)]
-                return JSONResponse({"error": {"message": "busy", "type": "x"}},
-                                    status_code=status)
-            return ok_body()
-
-        self.port = free_port()
+    def __init__(self, app: FastAPI, port: int | None = None):
+        self.port = port or free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="error"))
+                                                    log_level="critical"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):
@@ -57,6 +45,41 @@ class FaultServer:
     def __exit__(self, *exc):
         self.server.should_exit = True
         self.thread.join(5)
+
+
+class FaultServer(ThreadedApp):
+    """Answers ``failures`` errors (cycling through ``statuses``), then succeeds.
+
+    ``retry_after`` (seconds, a string as sent) goes out with every 429;
+    ``GET /v1/models`` always answers (and is counted); ``port`` lets a test start
+    the server on a port a backend already points at.
+    """
+
+    def __init__(self, failures: int, statuses=(429, 503), retry_after: str | None = None,
+                 port: int | None = None):
+        self.failures, self.statuses, self.hits = failures, statuses, []
+        self.retry_after = retry_after
+        self.model_probes = 0
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def chat():
+            self.hits.append(time.monotonic())
+            i = len(self.hits) - 1
+            if i < self.failures:
+                status = self.statuses[i % len(self.statuses)]
+                headers = ({"Retry-After": self.retry_after}
+                           if status == 429 and self.retry_after is not None else None)
+                return JSONResponse({"error": {"message": "busy", "type": "x"}},
+                                    status_code=status, headers=headers)
+            return ok_body()
+
+        @app.get("/v1/models")
+        async def models():
+            self.model_probes += 1
+            return {"object": "list", "data": [{"id": "m", "object": "model"}]}
+
+        super().__init__(app, port)
 
 
 async def test_retries_429_and_503_then_succeeds():
@@ -109,3 +132,127 @@ async def test_against_vllm_openai_server(vllm_server):
         await OpenAIBackend("nope", vllm_server, max_retries=0).generate(
             Q, SamplingParams(max_tokens=4))
     await be.aclose()
+
+
+# -- storms: ride them out, honour Retry-After, never amplify ------------------------------
+
+
+async def test_mixed_storm_with_retry_after_is_ridden_out():
+    # One of each: 429 (Retry-After: 1), 500, 502, 503, then the answer.
+    fault = FaultServer(failures=4, statuses=(429, 500, 502, 503), retry_after="1")
+    with fault as url:
+        be = OpenAIBackend("m", url, max_retries=5, backoff_initial=0.01, backoff_max=0.05)
+        [c] = await be.generate(Q, SamplingParams(max_tokens=4))
+        await be.aclose()
+    assert c.text == "4"
+    assert len(fault.hits) == 5 <= 1 * (be.max_retries + 1)
+    # A sleep never ends early, so this lower bound cannot flake: the backoff alone
+    # is <= 0.06 s, the 1 s gap can only come from honouring Retry-After.
+    assert fault.hits[1] - fault.hits[0] >= 1.0
+    assert be.guard.consecutive_failures == 0 and be.healthy
+
+
+async def test_retry_after_past_the_deadline_fails_at_once():
+    fault = FaultServer(failures=10**6, statuses=(429,), retry_after="3600")
+    with fault as url:
+        be = OpenAIBackend("m", url, max_retries=5, max_retry_seconds=20,
+                           max_retry_after=7200)
+        with pytest.raises(BackendUnavailableError, match="past the retry deadline") as err:
+            await be.generate(Q, SamplingParams(max_tokens=4))
+        await be.aclose()
+    assert err.value.status == 503
+    assert len(fault.hits) == 1  # no retry: waiting an hour would outlive the call
+
+
+async def test_concurrent_storm_is_not_amplified_by_retries():
+    n, budget = 12, 10
+    fault = FaultServer(failures=10**6, statuses=(503, 500, 502))
+    with fault as url:
+        be = OpenAIBackend("m", url, max_retries=5, backoff_initial=0.01, backoff_max=0.05,
+                           retry_budget=budget, breaker_threshold=10**6)
+        results = await asyncio.gather(
+            *(be.generate(Q, SamplingParams(max_tokens=4)) for _ in range(n)),
+            return_exceptions=True)
+        await be.aclose()
+    assert all(isinstance(r, BackendUnavailableError) for r in results), results
+    max_attempts = be.max_retries + 1
+    naive = n * max_attempts  # 72: what per-request retries alone would send
+    # The shared budget allows retries only while more than half of it is left.
+    assert len(fault.hits) <= n + budget // 2 < naive
+    assert be.guard.retries_denied >= 1
+    assert any("retry budget spent" in str(r) for r in results)
+
+
+async def test_circuit_opens_fails_fast_then_half_opens_after_cooldown():
+    fault = FaultServer(failures=3, statuses=(502,))
+    with fault as url:
+        be = OpenAIBackend("m", url, max_retries=5, backoff_initial=0.01, backoff_max=0.05,
+                           breaker_threshold=3, breaker_cooldown=1.0)
+        with pytest.raises(BackendUnavailableError, match="circuit breaker opened"):
+            await be.generate(Q, SamplingParams(max_tokens=4))
+        assert len(fault.hits) == 3 and not be.healthy
+        with pytest.raises(BackendUnavailableError, match="circuit open") as err:
+            await be.generate(Q, SamplingParams(max_tokens=4))
+        assert err.value.code == "upstream_circuit_open"
+        assert len(fault.hits) == 3  # refused without touching the upstream
+        # /models answers during an error storm: a probe must not reopen the floodgates.
+        assert not await be.check_health() and not be.healthy
+        assert fault.model_probes == 1
+        await asyncio.sleep(1.1)  # past the cooldown (a sleep never ends early)
+        assert be.healthy
+        [c] = await be.generate(Q, SamplingParams(max_tokens=4))
+        await be.aclose()
+    assert c.text == "4" and len(fault.hits) == 4
+
+
+async def test_health_follows_upstream_reachability():
+    port = free_port()
+    be = OpenAIBackend("m", f"http://127.0.0.1:{port}/v1", max_retries=0,
+                       breaker_cooldown=3600)
+    assert not await be.check_health() and not be.healthy
+    assert "upstream unavailable" in be.status
+    be._health_checked = 0.0  # skip the one-probe-per-second limit for the test
+    fault = FaultServer(failures=0, port=port)
+    with fault:
+        assert await be.check_health() and be.healthy
+        [c] = await be.generate(Q, SamplingParams(max_tokens=4))
+    await be.aclose()
+    assert c.text == "4"
+
+
+def test_guard_budget_refills_on_success():
+    t = [0.0]
+    g = UpstreamGuard(budget=4, token_ratio=0.5, breaker_threshold=100, clock=lambda: t[0])
+    exc = RuntimeError("x")
+    g.failure(exc)
+    assert g.may_retry()  # 3 > 2
+    g.failure(exc)
+    assert not g.may_retry()  # 2 is not > 2
+    g.success()
+    g.success()
+    assert g.tokens == 3.0 and g.may_retry()
+
+
+async def test_upstream_dying_mid_stream_is_a_clear_error():
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat():
+        async def body():
+            chunk = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                     "choices": [{"index": 0, "delta": {"content": "par"}}]}
+            yield f"data: {json.dumps(chunk)}\n\n"
+            await asyncio.sleep(0.05)
+            raise RuntimeError("upstream process died")  # uvicorn drops the connection
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    with ThreadedApp(app) as url:
+        be = OpenAIBackend("m", url)
+        got = []
+        with pytest.raises(BackendUnavailableError, match="stream broke"):
+            async for d in be.stream(Q, SamplingParams(max_tokens=4)):
+                got.append(d.text)
+        await be.aclose()
+    assert got == ["par"]  # what arrived is kept; the break is not papered over
+    assert be.guard.consecutive_failures == 1
