@@ -94,7 +94,12 @@ def parse_spec(spec: str) -> nx.DiGraph:
         tree = ast.parse(spec.strip(), mode="eval")
     except SyntaxError as exc:
         raise SpecError(f"strategy spec does not parse: {exc.msg} (column {exc.offset}) "
-                        f"in {spec!r}", param="strategy") from None
+                        f"in {_clip(repr(spec))}", param="strategy") from None
+    except ValueError as exc:  # UnicodeEncodeError: lone surrogates ('\ud800') in the text
+        raise SpecError(f"strategy spec is not valid text: {exc}", param="strategy") from None
+    except (RecursionError, MemoryError):  # the parser's own nesting limits
+        raise SpecError("strategy spec nests too deeply to parse",
+                        param="strategy") from None
     g = nx.DiGraph(spec=spec)
     ids = itertools.count()
     g.graph["root"] = _add(g, tree.body, ids)
@@ -119,13 +124,17 @@ def _add(g: nx.DiGraph, node: ast.expr, ids: itertools.count) -> str:
         if isinstance(arg, ast.Starred):
             raise _disallowed(arg, f"in the arguments of {name}")
         if _is_literal(arg):
-            raise SpecError(f"positional argument {ast.unparse(arg)} of {name} must be an "
+            raise SpecError(f"positional argument {_show(arg)} of {name} must be an "
                             "inner strategy; give parameters by keyword (e.g. n=8)",
                             param="strategy")
         g.add_edge(nid, _add(g, arg, ids), order=order)
     for kw in keywords:
         if kw.arg is None:
             raise SpecError(f"**kwargs is not allowed in a strategy spec (in {name})",
+                            param="strategy")
+        if kw.arg in g.nodes[nid]["kwargs"]:
+            # ast.parse accepts f(n=1, n=2) (only compile rejects it): refuse, don't pick one.
+            raise SpecError(f"parameter {kw.arg} of {name} is given more than once",
                             param="strategy")
         g.nodes[nid]["kwargs"][kw.arg] = _literal(kw.value, name, kw.arg)
     return nid
@@ -143,7 +152,7 @@ def _literal(node: ast.expr, name: str, key: str) -> Any:
     if not _is_literal(node):
         if isinstance(node, (ast.Name, ast.Call)):
             raise SpecError(f"parameter {key} of {name} must be a literal, not "
-                            f"{ast.unparse(node)!r} (quote strings: {key}='...')",
+                            f"{_show(node)!r} (quote strings: {key}='...')",
                             param="strategy")
         raise _disallowed(node, f"in parameter {key} of {name}")
     # literal_eval on an already-vetted Constant / signed number: no evaluation risk.
@@ -156,9 +165,21 @@ def _literal(node: ast.expr, name: str, key: str) -> Any:
 
 def _disallowed(node: ast.AST, where: str) -> SpecError:
     kind = _SYNTAX_NAMES.get(type(node).__name__, type(node).__name__)
-    return SpecError(f"{kind} ({ast.unparse(node)!r}) is not allowed in a strategy spec: "
+    return SpecError(f"{kind} ({_show(node)!r}) is not allowed in a strategy spec: "
                      f"only names, calls, keyword arguments and literals; {where}",
                      param="strategy")
+
+
+def _clip(text: str, limit: int = 120) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _show(node: ast.AST) -> str:
+    """Source of ``node`` for an error message, clipped; never raises."""
+    try:
+        return _clip(ast.unparse(node))
+    except RecursionError:  # e.g. n=------1 two thousand deep: unparse recurses per level
+        return f"<{type(node).__name__} nested too deeply to show>"
 
 
 # ----------------------------------------------------------------------------- validate
@@ -185,8 +206,8 @@ def validate_params(name: str, model: type[BaseModel], kwargs: Mapping[str, Any]
             info = model.model_fields.get(field)
             expected = type_name(info.annotation) if info is not None else "?"
             got = err.get("input")
-            msg = (f"bad parameter for {name}: {field} expects {expected}, got {got!r} "
-                   f"({type(got).__name__}): {err['msg']}")
+            msg = (f"bad parameter for {name}: {field} expects {expected}, got "
+                   f"{_clip(repr(got))} ({type(got).__name__}): {err['msg']}")
         raise SpecError(msg, param=field) from None
 
 
@@ -220,6 +241,11 @@ def validate(g: nx.DiGraph, registry: Registry, *, max_depth: int = DEFAULT_MAX_
     """
     g = g.copy()
     ids = itertools.count(max((int(n[1:]) for n in g.nodes), default=-1) + 1)
+    # Depth first: a deep chain is also large, and "too deep" is the reason to report.
+    depth = nx.dag_longest_path_length(g) + 1 if g.number_of_nodes() else 0
+    if depth > max_depth:
+        raise SpecError(f"strategy spec nests deeper than {max_depth} levels ({depth} "
+                        "levels)", param="strategy")
 
     def check(nid: str, depth: int) -> None:
         data = g.nodes[nid]

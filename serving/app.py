@@ -31,6 +31,7 @@ from serving.protocol import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
+    ErrorResponse,
     ModelCard,
     ModelList,
     RefineryInfo,
@@ -42,12 +43,71 @@ from serving.streaming import chat_chunks, completion_chunks, sse, usage_info
 
 log = logging.getLogger(__name__)
 BackendFactory = Callable[[], Awaitable[Backend]]
+# What the OpenAPI schema documents (and Schemathesis checks answers against): every
+# error is the OpenAI error body, never FastAPI's default 422 shape.
+ERRORS: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": ErrorResponse, "description": "Refused (OpenAI error schema)."},
+    "5XX": {"model": ErrorResponse, "description": "Failed (OpenAI error schema)."}}
+SSE = {"text/event-stream": {"schema": {  # one server-sent event: data is a JSON chunk
+    "type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}}}
 
 
 def error_response(status: int, message: str, type_: str, param: str | None = None,
                    code: str | None = None) -> JSONResponse:
+    """An error in the OpenAI schema: ``{"error": {"message", "type", "param", "code"}}``.
+
+    Args:
+        status: The HTTP status.
+        message: What went wrong, for a person to read.
+        type_: The OpenAI error type (``invalid_request_error``...).
+        param: The request field at fault, if one is.
+        code: A machine-readable code (``model_not_found``...), if any.
+
+    Returns:
+        The JSON response.
+    """
+    # A message quoting client text could hold a lone surrogate, which UTF-8 cannot
+    # encode: escape it, or rendering the error would itself fail with a 500.
+    message = message.encode("utf-8", "backslashreplace").decode("utf-8")
     return JSONResponse({"error": {"message": message, "type": type_, "param": param,
                                    "code": code}}, status_code=status)
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over ``limit`` bytes with a 413.
+
+    A declared ``Content-Length`` over the limit is refused before reading; a
+    chunked body (no length) is counted as it arrives and refused once over,
+    so an endless upload cannot fill memory.
+    """
+
+    def __init__(self, app: Any, limit: int):
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.limit:
+            response = error_response(413, f"request body of {int(length)} bytes is over the "
+                                      f"limit of {self.limit}", "invalid_request_error")
+            return await response(scope, receive, send)
+        seen = 0
+
+        async def counted() -> Any:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    # Raised inside the route's body read: FastAPI re-raises HTTPException
+                    # as is, and the app's handler turns it into the OpenAI error body.
+                    raise StarletteHTTPException(413, f"request body is over the limit of "
+                                                      f"{self.limit} bytes")
+            return message
+
+        await self.app(scope, counted, send)
 
 
 def create_app(config: ServerConfig | None = None, *, backend: Backend | None = None,
@@ -67,16 +127,50 @@ def create_app(config: ServerConfig | None = None, *, backend: Backend | None = 
                 service.start_error = str(exc)
                 log.error("engine failed to start: %s", exc)
 
+        async def supervise() -> None:
+            """Apply ``config.on_engine_death`` when the engine dies for good."""
+            restarts = 0
+            while True:
+                await asyncio.sleep(config.engine_check_seconds)
+                dead = service.backend
+                # Only a backend that says it is dead for good counts; an unreachable
+                # upstream (OpenAIBackend) recovers by itself and is left alone.
+                if dead is None or not getattr(dead, "dead", False):
+                    continue
+                if config.on_engine_death == "restart" and restarts < config.max_engine_restarts:
+                    restarts += 1
+                    log.error("engine died; restarting it (%d of %d)", restarts,
+                              config.max_engine_restarts)
+                    service.backend = None  # /health says "starting" meanwhile
+                    try:
+                        await dead.aclose()
+                    except Exception as exc:  # the old engine is gone either way
+                        log.warning("closing the dead engine failed: %s", exc)
+                    await start()
+                    continue
+                log.error("engine died; stopping the server (on_engine_death=%s)",
+                          config.on_engine_death)
+                app.state.engine_died = True
+                stop = getattr(app.state, "stop_server", None)
+                if stop is not None:
+                    stop()
+                return
+
         starter = asyncio.ensure_future(start()) if backend_factory else None
+        supervisor = asyncio.ensure_future(supervise()) if backend_factory else None
         yield
-        if starter is not None:
-            starter.cancel()
+        for task in (starter, supervisor):
+            if task is not None:
+                task.cancel()
         if service.backend is not None and backend_factory is not None:
             await service.backend.aclose()
 
     app = FastAPI(title="refinery", version="0.1.0", lifespan=lifespan)
     app.state.service = service
     app.state.metrics = metrics
+    # The runner (refinery serve) sets stop_server so on_engine_death=exit can stop it.
+    app.state.stop_server = None
+    app.state.engine_died = False
 
     # -- errors: always the OpenAI schema --------------------------------------------------
 
@@ -105,13 +199,7 @@ def create_app(config: ServerConfig | None = None, *, backend: Backend | None = 
         log.exception("unhandled error")
         return error_response(500, f"internal error: {type(exc).__name__}", "internal_error")
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
-            return error_response(413, f"request body of {length} bytes is over the limit of "
-                                  f"{config.max_body_bytes}", "invalid_request_error")
-        return await call_next(request)
+    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
 
     # -- auth and capacity -------------------------------------------------------------------
 
@@ -142,7 +230,11 @@ def create_app(config: ServerConfig | None = None, *, backend: Backend | None = 
 
     def observe(prep: Prepared, endpoint: str, status: str, outcome: Outcome | None,
                 seconds: float) -> None:
-        labels = {"model": config.model, "strategy": prep.spec or "passthrough"}
+        # The root strategy's name, not the whole spec: clients choose specs freely
+        # (cot(instruction='...') has endless variants) and every distinct label value
+        # would be a new time series kept forever.
+        strategy = prep.spec.split("(", 1)[0] if prep.spec else "passthrough"
+        labels = {"model": config.model, "strategy": strategy}
         metrics.requests.labels(**labels, endpoint=endpoint, status=status).inc()
         metrics.latency.labels(**labels).observe(seconds)
         if outcome is not None:
@@ -234,15 +326,17 @@ def create_app(config: ServerConfig | None = None, *, backend: Backend | None = 
 
     # -- routes ------------------------------------------------------------------------------
 
-    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)], responses={
+        200: {"model": ChatCompletionResponse, "content": SSE}, **ERRORS})
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         return await serve(request, req, "chat")
 
-    @app.post("/v1/completions", dependencies=[Depends(authorize)])
+    @app.post("/v1/completions", dependencies=[Depends(authorize)], responses={
+        200: {"model": CompletionResponse, "content": SSE}, **ERRORS})
     async def completions(req: CompletionRequest, request: Request):
         return await serve(request, req, "completion")
 
-    @app.get("/v1/models", dependencies=[Depends(authorize)])
+    @app.get("/v1/models", dependencies=[Depends(authorize)], responses=ERRORS)
     async def models() -> ModelList:
         from engine.graph import worst_case_calls
         from strategies import build_with_graph
@@ -254,14 +348,20 @@ def create_app(config: ServerConfig | None = None, *, backend: Backend | None = 
                                    worst_case_calls=worst_case_calls(graph)))
         return ModelList(data=cards)
 
-    @app.get("/health")
+    @app.get("/health", response_class=Response, responses={
+        200: {"description": "Ready (empty body)."}, **ERRORS})
     async def health():
+        check = getattr(service.backend, "check_health", None)
+        if check is not None:
+            await check()  # e.g. OpenAIBackend: is the upstream reachable now?
         if service.ready:
             return Response(status_code=200)
-        why = service.start_error or ("engine died" if service.backend else "starting")
+        why = service.start_error or (getattr(service.backend, "status", "engine died")
+                                      if service.backend else "starting")
         return error_response(503, f"not ready: {why}", "service_unavailable")
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses={
+        200: {"description": "Prometheus text.", "content": {"text/plain": {}}}})
     async def prometheus():
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 

@@ -25,6 +25,14 @@ class ServerConfig:
 
     ``default_strategy=None`` makes a plain model name a passthrough call;
     ``presets`` name specs usable as ``PRESET@MODEL`` and listed by /v1/models.
+
+    ``on_engine_death`` is what a server that built its own backend does when
+    the engine dies for good (the vLLM core process is gone): ``exit`` stops
+    the server with a non-zero status so a supervisor (systemd, Kubernetes)
+    restarts it, which is also what vLLM's own server does; ``restart`` builds
+    a new backend in place, at most ``max_engine_restarts`` times, then exits.
+    ``graceful_timeout`` is how long a stopping server lets in-flight requests
+    finish before cancelling them.
     """
 
     model: str = "smollm2-135m"
@@ -43,6 +51,10 @@ class ServerConfig:
     loop_detection: bool = True
     loop_policy: str = "retry"
     keepalive_seconds: float = 10.0
+    on_engine_death: str = "exit"  # "exit" | "restart"
+    max_engine_restarts: int = 3
+    engine_check_seconds: float = 0.5
+    graceful_timeout: float = 30.0
 
 
 def load_api_keys(path: str | os.PathLike[str] | None = None) -> frozenset[str]:

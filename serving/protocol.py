@@ -11,7 +11,24 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+def unicode_text(value: Any) -> Any:
+    """Refuse strings (alone or in a list) that are not encodable text.
+
+    JSON allows ``"\\ud800"``, which decodes to a lone surrogate: text no
+    tokenizer (nor any UTF-8 encoder) can take. Refused here, it is a 400
+    naming the field instead of a failure deep in the engine.
+    """
+    for text in value if isinstance(value, list) else [value]:
+        if isinstance(text, str) and not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"not valid Unicode text: a lone surrogate "
+                                 f"({text[exc.start]!r}) at position {exc.start}") from None
+    return value
 
 
 class OpenAIBase(BaseModel):
@@ -25,11 +42,15 @@ class ContentPart(OpenAIBase):
     type: str
     text: str | None = None
 
+    _text = field_validator("text")(unicode_text)
+
 
 class ChatMessage(OpenAIBase):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+
+    _text = field_validator("content", "name")(unicode_text)
 
 
 class StreamOptions(OpenAIBase):
@@ -54,6 +75,8 @@ class RefineryOptions(OpenAIBase):
     loop_policy: Literal["off", "truncate", "retry"] | None = Field(
         None, description="What to do when the loop detector fires (default: server's).")
 
+    _text = field_validator("strategy")(unicode_text)
+
 
 class ChatCompletionRequest(OpenAIBase):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -75,6 +98,8 @@ class ChatCompletionRequest(OpenAIBase):
     refinery: RefineryOptions | None = Field(
         None, description="Strategy, budget and trace options (send via extra_body).")
 
+    _text = field_validator("model", "stop")(unicode_text)
+
 
 class CompletionRequest(OpenAIBase):
     model: str
@@ -92,6 +117,8 @@ class CompletionRequest(OpenAIBase):
     # -- refinery extensions -----------------------------------------------------------
     refinery: RefineryOptions | None = Field(
         None, description="Strategy, budget and trace options (send via extra_body).")
+
+    _text = field_validator("model", "prompt", "stop")(unicode_text)
 
 
 # -- responses ---------------------------------------------------------------------------
@@ -207,10 +234,13 @@ class ModelList(BaseModel):
 
 
 class ErrorInfo(BaseModel):
+    # All four keys are always sent (null when unknown): required in the schema.
+    model_config = ConfigDict(extra="forbid")
+
     message: str
     type: str
-    param: str | None = None
-    code: str | int | None = None
+    param: str | None
+    code: str | int | None
 
 
 class ErrorResponse(BaseModel):

@@ -28,9 +28,10 @@ from engine.errors import (
     BudgetExhausted,
     InvalidRequestError,
     PromptTooLongError,
+    SpecError,
     UnknownModelError,
 )
-from engine.graph import to_spec
+from engine.graph import MAX_SPEC_CHARS, to_spec
 from engine.loops import CusumLoopDetector
 from engine.trace import Trace, TraceEvent
 from engine.types import Attempt, Message, SamplingParams, Task, Usage
@@ -115,6 +116,10 @@ class Service:
         spec = override or spec or self.config.default_strategy
         if not spec:
             return None
+        if len(spec) > MAX_SPEC_CHARS:
+            # Before the preset lookup strips it: "cot" + 100 kB of spaces is no preset.
+            raise SpecError(f"strategy spec of {len(spec)} characters is longer than "
+                            f"{MAX_SPEC_CHARS} characters", param="strategy")
         return self.config.presets.get(spec.strip(), spec)
 
     def prepare(self, req: ChatCompletionRequest | CompletionRequest) -> Prepared:

@@ -47,6 +47,16 @@ async def sse(chunks: AsyncIterator[BaseModel | str]) -> AsyncIterator[str]:
                 yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
     except RefineryError as exc:
         yield f"data: {json.dumps(exc.to_openai())}\n\n"
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise  # the client is gone: nobody to send [DONE] to
+        # A cancellation from inside the run (an engine aborting a request), not
+        # of this response: the client is still there and must see the stream end.
+        log.error("stream cancelled from inside the run")
+        body = {"error": {"message": "the request was cancelled inside the engine",
+                          "type": "server_error", "param": None, "code": None}}
+        yield f"data: {json.dumps(body)}\n\n"
     except Exception as exc:  # the stream has begun: an error chunk is all we can send
         log.exception("stream failed")
         body = {"error": {"message": f"internal error: {type(exc).__name__}",
