@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
 from enum import Enum
 
@@ -204,6 +205,14 @@ def trace_show(path: str, task: str = typer.Option(None, help="only this task id
         typer.echo("")
 
 
+class EngineDeathPolicy(str, Enum):
+    exit = "exit"
+    restart = "restart"
+
+
+ENGINE_DIED_EXIT_CODE = 3
+
+
 @app.command()
 def serve(
     host: str = typer.Option("127.0.0.1", help="bind address (loopback by default)"),
@@ -217,20 +226,54 @@ def serve(
     default_strategy: str = typer.Option(None, help="spec run for a plain model name "
                                          "(default: passthrough)"),
     max_concurrent_requests: int = typer.Option(64, min=1),
+    on_engine_death: EngineDeathPolicy = typer.Option(
+        EngineDeathPolicy.exit,
+        help="when the in-process vLLM engine dies (its core process is gone; in-flight "
+        "requests get 503 or an error chunk, /health 503): 'exit' stops the server with "
+        f"status {ENGINE_DIED_EXIT_CODE} and no engine process left, for a supervisor "
+        "(systemd, Kubernetes) to restart, as vLLM's own server does; 'restart' starts a "
+        "new engine in this process (/health is 503 until it is ready), up to "
+        "--max-engine-restarts times, then exits. An unreachable --backend openai "
+        "upstream is not a death: /health is 503 until it answers again."),
+    max_engine_restarts: int = typer.Option(3, min=0),
+    graceful_timeout: float = typer.Option(
+        30.0, min=0.0, help="on SIGTERM (or Ctrl-C): stop accepting connections, give "
+        "in-flight requests this many seconds to finish, then cancel them; SIGTERM exits 0"),
 ) -> None:
     """Serve an OpenAI-compatible API with strategies selectable per request."""
+    import signal
+
     import uvicorn
 
     from serving import ServerConfig, create_app, load_api_keys
 
     config = ServerConfig(model=model, default_strategy=default_strategy,
                           api_keys=load_api_keys(api_key_file),
-                          max_concurrent_requests=max_concurrent_requests)
+                          max_concurrent_requests=max_concurrent_requests,
+                          on_engine_death=on_engine_death.value,
+                          max_engine_restarts=max_engine_restarts,
+                          graceful_timeout=graceful_timeout)
     app_ = create_app(config, backend_factory=lambda: make_backend(
         model, backend, base_url, upstream_api_key))
     if host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
         typer.secho(f"warning: serving on {host} without API keys", fg="yellow", err=True)
-    uvicorn.run(app_, host=host, port=port, log_level="info")
+    server = uvicorn.Server(uvicorn.Config(app_, host=host, port=port, log_level="info",
+                                           timeout_graceful_shutdown=graceful_timeout))
+
+    def stop() -> None:
+        server.should_exit = True
+
+    app_.state.stop_server = stop
+    # uvicorn handles SIGTERM itself (drain, then lifespan shutdown) and afterwards
+    # re-raises it under the handler that was there before; with the default one
+    # that kills the process (status -15) after a clean drain. A no-op handler
+    # makes a drained shutdown exit 0.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    server.run()
+    if app_.state.engine_died:
+        typer.secho("error: the model engine died; exiting (--on-engine-death "
+                    f"{on_engine_death.value})", fg="red", err=True)
+        raise typer.Exit(ENGINE_DIED_EXIT_CODE)
 
 
 def _mount_subcommands() -> None:
@@ -252,9 +295,17 @@ def _mount_subcommands() -> None:
 _mount_subcommands()
 
 
+def _terminate_like_interrupt(signum: int, frame: object) -> None:
+    # SIGTERM's default kills Python without running `finally`: the engine core
+    # vLLM runs in a child would be orphaned with its GBs of memory. As an
+    # interrupt, asyncio.run cancels the tasks and the backend closes its engine.
+    raise KeyboardInterrupt
+
+
 def main() -> None:  # pragma: no cover - console entry point
+    signal.signal(signal.SIGTERM, _terminate_like_interrupt)  # `serve` sets its own
     app()
 
 
 if __name__ == "__main__":
-    app()
+    main()
