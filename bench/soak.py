@@ -58,6 +58,12 @@ def free_port() -> int:
 
 def tree_rss(pid: int) -> int:
     """Resident bytes of ``pid`` and every descendant (from /proc)."""
+    return sum(tree_rss_by_process(pid).values())
+
+
+def tree_rss_by_process(pid: int) -> dict[str, int]:
+    """Resident bytes of ``pid`` and each descendant, keyed ``pid:name``: shows
+    whether growth is the API server's heap or the engine touching its KV cache."""
     children: dict[int, list[int]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -66,18 +72,19 @@ def tree_rss(pid: int) -> int:
             except (OSError, IndexError, ValueError):
                 continue
             children.setdefault(ppid, []).append(int(name))
-    total, todo = 0, [pid]
+    out: dict[str, int] = {}
+    todo = [pid]
     while todo:
         p = todo.pop()
         todo += children.get(p, [])
         try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
-                    break
+            status = Path(f"/proc/{p}/status").read_text().splitlines()
         except OSError:
-            pass
-    return total
+            continue
+        name = next((ln.split(None, 1)[1] for ln in status if ln.startswith("Name:")), "?")
+        rss = next((int(ln.split()[1]) * 1024 for ln in status if ln.startswith("VmRSS:")), 0)
+        out[f"{p}:{name.strip()}"] = rss
+    return out
 
 
 @dataclass
@@ -190,6 +197,7 @@ async def drive(url: str, server_pid: int, args: argparse.Namespace) -> dict:
             rss.append((time.monotonic() - t_start, tree_rss(server_pid)))
             await asyncio.sleep(args.sample)
 
+    by_process_first = tree_rss_by_process(server_pid)
     sample_task = asyncio.ensure_future(sampler())
     last_report = t_start
     clients = [asyncio.ensure_future(client_loop(c)) for c in range(args.clients)]
@@ -206,6 +214,10 @@ async def drive(url: str, server_pid: int, args: argparse.Namespace) -> dict:
     with contextlib.suppress(asyncio.CancelledError):
         await sample_task
     await client.close()
+    by_process_last = tree_rss_by_process(server_pid)
+    print("RSS by process, MiB (first -> last):", {
+        k: (round(by_process_first.get(k, 0) / 2**20), round(v / 2**20))
+        for k, v in by_process_last.items() if v > 2**26}, flush=True)
     return summarize(outcomes, rss, time.monotonic() - t_start, args)
 
 
