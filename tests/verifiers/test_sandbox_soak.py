@@ -33,11 +33,12 @@ from tests.verifiers.test_verifiers_hostile import (
     EXPECTED,
     HOSTILE,
     SECRET_VAR,
+    _pool_processes,
     _processes_with,
     _snapshot,
 )
 from verifiers.code import build_program
-from verifiers.sandbox import RunResult, Sandbox, SandboxConfig, _pids_of_uid
+from verifiers.sandbox import RunResult, Sandbox, SandboxConfig
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
@@ -48,11 +49,6 @@ CONFIG = SandboxConfig(wall_timeout=20, cpu_seconds=1, memory_mb=256, max_proces
                        max_file_mb=4, max_open_files=64, disk_mb=16, output_bytes=64 * 1024,
                        max_workers=2, uid_first=63100 + (os.getpid() % 64) * 8, uid_count=8)
 WALL = {"sleep_forever": 1.0}
-
-
-def _pool_processes() -> list[int]:
-    return [pid for uid in range(CONFIG.uid_first, CONFIG.uid_first + CONFIG.uid_count)
-            for pid in _pids_of_uid(uid)]
 
 
 def _children(ppid: int) -> list[int]:
@@ -139,7 +135,7 @@ async def test_hostile_corpus_soak_is_contained_and_leaves_nothing(monkeypatch) 
         print(f"\nsandbox soak: {len(results)} runs ({PASSES} passes x {len(names)} programs)")
         for name in names:
             print(f"  {name:16} {dict(outcomes[name])}")
-        strays = _pool_processes()
+        strays = _pool_processes(CONFIG)
         children = [p for p in _children(os.getpid()) if p not in children_before]
         daemons = _processes_with(marker)
         leftovers = _leftovers(tmp)

@@ -73,8 +73,9 @@ def _snapshot(root: Path) -> dict[str, tuple[int, str]]:
     return out
 
 
-def _pool_processes() -> list[int]:
-    return [pid for uid in range(CONFIG.uid_first, CONFIG.uid_first + CONFIG.uid_count)
+def _pool_processes(config: SandboxConfig = CONFIG) -> list[int]:
+    """Live processes owned by a uid of ``config``'s sandbox pool."""
+    return [pid for uid in range(config.uid_first, config.uid_first + config.uid_count)
             for pid in _pids_of_uid(uid)]
 
 
