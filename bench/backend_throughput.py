@@ -19,6 +19,9 @@ import sys
 import time
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+# vLLM's own engines get the same cores as VLLMBackend (engine/backends/vllm.py).
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
+                      ",".join(map(str, sorted(os.sched_getaffinity(0)))))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 PROMPT = "Write a short story about a robot who learns to paint, number {i}."

@@ -25,6 +25,9 @@ import httpx
 import openai
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+# vLLM's own engines get the same cores as VLLMBackend (engine/backends/vllm.py).
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
+                      ",".join(map(str, sorted(os.sched_getaffinity(0)))))
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 MODEL = "smollm2-135m"
 BIN = Path(sys.executable).parent

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from engine.backends.vllm import VLLMBackend, VLLMConfig
+from engine.backends.vllm import VLLMBackend, VLLMConfig, all_cpus
 from engine.errors import (
     EngineStartError,
     InvalidRequestError,
@@ -121,3 +124,33 @@ async def test_unknown_model_lists_known_ones():
 async def test_engine_start_failure_suggests_memory_settings():
     with pytest.raises(EngineStartError, match="VLLM_CPU_KVCACHE_SPACE"):
         await VLLMBackend.create("smollm2-135m", VLLMConfig(max_model_len=10_000_000))
+
+
+def thread_cpus(pid: int) -> set[int]:
+    """The CPUs the single-CPU-pinned threads of ``pid`` run on (vLLM's OMP threads)."""
+    pinned = set()
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        with contextlib.suppress(OSError):  # a thread may end while we read
+            line = next(ln for ln in status.read_text().splitlines()
+                        if ln.startswith("Cpus_allowed_list:"))
+            cpus = line.split(":")[1].strip()
+            if cpus.isdigit():
+                pinned.add(int(cpus))
+    return pinned
+
+
+async def test_engine_computes_on_every_allowed_cpu(vllm_backend):
+    # vLLM's "auto" binding keeps a core for its scheduler: half the pool on 2 cores.
+    every = sorted(os.sched_getaffinity(0))
+    assert all_cpus() == ",".join(map(str, every))
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == all_cpus()
+    pinned = set().union(*(thread_cpus(p.pid) for p in vllm_backend.engine_procs))
+    assert pinned == set(every)
+
+
+async def test_explicit_cpu_threads_setting_wins(monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
+    with pytest.raises(EngineStartError):  # an impossible length: fails before any work
+        await VLLMBackend.create("smollm2-135m", VLLMConfig(max_model_len=10_000_000,
+                                                            cpu_threads="1"))
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1"
