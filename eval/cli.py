@@ -31,6 +31,12 @@ class BackendKind(str, Enum):
     openai = "openai"
 
 
+class LoopPolicyKind(str, Enum):
+    off = "off"
+    truncate = "truncate"
+    retry = "retry"
+
+
 class SplitKind(str, Enum):
     test = "test"
     train = "train"
@@ -61,6 +67,8 @@ def run_cmd(
     max_calls: int = typer.Option(None, min=1, help="per-problem call budget"),
     problem_tokens: int = typer.Option(None, min=1, help="per-problem token budget"),
     max_seconds: float = typer.Option(None, min=0.001, help="per-problem time budget"),
+    loop_policy: LoopPolicyKind = typer.Option(
+        LoopPolicyKind.retry, help="on a CUSUM loop alarm: off | truncate | retry"),
     backend: BackendKind = typer.Option(BackendKind.vllm),
     base_url: list[str] = typer.Option(None, help="OpenAI-compatible base URL(s)"),
     force: bool = typer.Option(False, help="OUT holds another run: move it aside, start over"),
@@ -80,7 +88,8 @@ def run_cmd(
             verifier=verifier, seed=seed, levels=list(level) if level else None,
             temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_calls=max_calls,
             max_problem_tokens=problem_tokens, max_seconds=max_seconds,
-            concurrency=concurrency, backend=backend.value, base_url=list(base_url or []))
+            loop_policy=loop_policy.value, concurrency=concurrency, backend=backend.value,
+            base_url=list(base_url or []))
         summary = asyncio.run(run_eval(config, force=force, retry_errors=retry_errors,
                                        progress=progress))
     except RefineryError as exc:

@@ -48,9 +48,10 @@ import networkx as nx
 from pydantic import BaseModel, Field
 
 from engine.backends.base import Backend
-from engine.context import Budget, Context
+from engine.context import Budget, Context, LoopPolicy
 from engine.errors import InvalidRequestError, RefineryError, StorageError
 from engine.graph import non_default, to_mermaid, to_spec
+from engine.loops import CusumLoopDetector
 from engine.run import iter_run
 from engine.trace import Trace, TraceWriter, append_whole_line
 from engine.types import Attempt, SamplingParams, Task
@@ -114,6 +115,9 @@ class EvalConfig(BaseModel):
     max_calls: int | None = Field(None, ge=1, description="per-problem call budget")
     max_problem_tokens: int | None = Field(None, ge=1, description="per-problem token budget")
     max_seconds: float | None = Field(None, gt=0, description="per-problem time budget")
+    loop_policy: LoopPolicy = Field(
+        "retry", description="what a CUSUM loop alarm does: off | truncate | retry (the "
+        "server's default for strategies)")
     concurrency: int = Field(64, ge=1)
     backend: Literal["vllm", "openai"] = "vllm"
     base_url: list[str] = Field(default_factory=list)
@@ -133,7 +137,8 @@ class EvalConfig(BaseModel):
             "fields": dict(sorted(self.fields.items())), "verifier": self.verifier,
             "seed": self.seed, "levels": self.levels, "strategy": canonical_spec,
             "model": self.model, "sampling": self.sampling().model_dump(),
-            "budget": self.budget().model_dump(), "n_problems": n_problems,
+            "budget": self.budget().model_dump(), "loop_policy": self.loop_policy,
+            "n_problems": n_problems,
             "fingerprint": fingerprint,
         }
 
@@ -492,7 +497,10 @@ async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
                 stream = iter_run(guarded, [e.to_task() for e in todo], backend,
                                   concurrency=config.concurrency, trace_writer=writer,
                                   spec=canonical, params=config.sampling(),
-                                  budget=config.budget())
+                                  budget=config.budget(),
+                                  loop_detector=(CusumLoopDetector()
+                                                 if config.loop_policy != "off" else None),
+                                  loop_policy=config.loop_policy)
                 async for trace in stream:
                     if trace.error and trace.error.split(":")[0] in _INFRA_ERRORS:
                         raise RunAborted(f"the backend could not serve problem "

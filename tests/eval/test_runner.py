@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import BackendUnavailableError, SpecError
+from engine.loops import CusumLoopDetector
 from eval.datasets import load_arith
 from eval.runner import (
     CONFIG,
@@ -119,6 +120,32 @@ async def test_a_different_run_is_refused_unless_forced(tmp_path) -> None:
     with pytest.raises(SpecError):
         await run_eval(config(str(out), 5).model_copy(update={"strategy": "cott"}),
                        backend=backend(0), progress=False)
+
+
+class MonitorRecorder(SlowBackend):
+    """Records the loop monitor each call was given."""
+
+    def __init__(self) -> None:
+        super().__init__([(r".*", "The answer is \\boxed{3}.")])
+        self.monitors: list = []
+
+    async def generate(self, messages, params, *, n=None, monitor=None):
+        self.monitors.append(monitor)
+        return await super().generate(messages, params, n=n, monitor=monitor)
+
+
+async def test_loop_policy_reaches_the_backend_and_is_part_of_the_run(tmp_path) -> None:
+    on, off = MonitorRecorder(), MonitorRecorder()
+    await run_eval(config(str(tmp_path / "on"), 3), backend=on, progress=False)
+    no_loops = config(str(tmp_path / "off"), 3).model_copy(update={"loop_policy": "off"})
+    await run_eval(no_loops, backend=off, progress=False)
+    assert len(on.monitors) == 3 and all(isinstance(m, CusumLoopDetector) for m in on.monitors)
+    assert off.monitors == [None, None, None]
+    recorded = json.loads((tmp_path / "on" / CONFIG).read_text())["identity"]
+    assert recorded["loop_policy"] == "retry"  # the server's default for strategies
+    other = no_loops.model_copy(update={"out": str(tmp_path / "on")})
+    with pytest.raises(ConfigMismatchError, match="loop_policy: recorded 'retry', now 'off'"):
+        await run_eval(other, backend=MonitorRecorder(), progress=False)
 
 
 async def test_backend_death_aborts_without_recording_and_resume_finishes(tmp_path) -> None:
