@@ -21,8 +21,12 @@ set was made with a 512-token cap, so its looping generations hold at most 512
 tokens and a loop that starts at token ~200 can save at most ~60% there; with a
 bigger cap an unwatched loop runs on to it and the same alarm saves more.
 
+``--data data/loops-1024`` reads the same prompts generated with a 1024-token cap
+(labelled by the same rule, not used for calibration).
+
 Usage:
     python bench/loops.py                        # held-out figures
+    python bench/loops.py --data data/loops-1024 # the same at the 1024-token cap
     python bench/loops.py --calibrate            # grid search on the calibration half
     python bench/loops.py --e2e --max-tokens 1024  # monitor off vs on, real engine
 """

@@ -48,6 +48,7 @@ files (e.g. after changing ``N_REPEAT``) without generating.
 Usage:
     python scripts/make_loop_set.py            # ~20 min on 2 CPU cores
     python scripts/make_loop_set.py --relabel
+    python scripts/make_loop_set.py --max-tokens 1024 --out data/loops-1024
 """
 
 from __future__ import annotations
@@ -212,6 +213,9 @@ def select_prompts(n_prompts: int) -> list[tuple[int, str]]:
 
 def generate(n_prompts: int, max_tokens: int, temperature: float) -> list[dict]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    # every core computes, as in VLLMBackend (vLLM's "auto" keeps one for its scheduler)
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
+                          ",".join(map(str, sorted(os.sched_getaffinity(0)))))
     sys.path.insert(0, str(ROOT))
     from vllm import LLM, SamplingParams
 
@@ -253,8 +257,8 @@ def generate(n_prompts: int, max_tokens: int, temperature: float) -> list[dict]:
     return rows
 
 
-def write_split(rows: list[dict]) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
+def write_split(rows: list[dict], out: Path = OUT) -> None:
+    out.mkdir(parents=True, exist_ok=True)
     # Pairs of neighbouring prompts alternate between the halves: the sampled answers
     # (every second prompt) then land in both, and no prompt straddles the split.
     pids = sorted({r["prompt_id"] for r in rows})
@@ -264,7 +268,7 @@ def write_split(rows: list[dict]) -> None:
     for name, keep in [("calibration", True), ("heldout", False)]:
         part = [r for r in rows if (r["prompt_id"] in calib) == keep]
         part.sort(key=lambda r: (r["prompt_id"], r["sampling"]))
-        with (OUT / f"{name}.jsonl").open("w") as f:
+        with (out / f"{name}.jsonl").open("w") as f:
             for r in part:
                 f.write(json.dumps({k: r[k] for k in order}, separators=(",", ":")) + "\n")
         n_loop = sum(r["label"] for r in part)
@@ -278,15 +282,16 @@ def main() -> None:
     ap.add_argument("--n-prompts", type=int, default=800)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--out", type=Path, default=OUT, help="directory of the two halves")
     ap.add_argument("--relabel", action="store_true", help="relabel the committed files only")
     args = ap.parse_args()
     if args.relabel:
         rows = [json.loads(line) for name in ("calibration", "heldout")
-                for line in (OUT / f"{name}.jsonl").open()]
+                for line in (args.out / f"{name}.jsonl").open()]
         rows = [label_row(r) for r in rows]
     else:
         rows = generate(args.n_prompts, args.max_tokens, args.temperature)
-    write_split(rows)
+    write_split(rows, args.out)
 
 
 if __name__ == "__main__":

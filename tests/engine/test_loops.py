@@ -13,7 +13,8 @@ import pytest
 from engine.loops import CusumLoopDetector, LoopAlarm
 
 ROOT = Path(__file__).resolve().parents[2]
-HELDOUT = ROOT / "data" / "loops" / "heldout.jsonl"
+# The labelled set at two generation caps (512 and 1024 new tokens), same prompts.
+SETS = ["loops", "loops-1024"]
 GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
 
 DET = CusumLoopDetector()
@@ -145,8 +146,8 @@ def test_no_gsm8k_gold_solution_alarms():
     assert alarms == []
 
 
-def _heldout() -> list[dict]:
-    return [json.loads(line) for line in HELDOUT.open()]
+def _heldout(labelled: str = "loops") -> list[dict]:
+    return [json.loads(line) for line in (ROOT / "data" / labelled / "heldout.jsonl").open()]
 
 
 def _stream_tokens(row: dict) -> tuple[LoopAlarm | None, int]:
@@ -160,21 +161,40 @@ def _stream_tokens(row: dict) -> tuple[LoopAlarm | None, int]:
     return None, len(row["token_lens"])
 
 
-def test_heldout_precision_and_recall_meet_the_targets():
-    tp = fp = fn = 0
+def _figures(labelled: str) -> dict[str, float]:
+    tp = fp = fn = saved = looping_tokens = 0
     delays = []
-    for r in _heldout():
+    for r in _heldout(labelled):
         alarm, fed = _stream_tokens(r)
         tp += bool(alarm) and r["label"]
         fp += bool(alarm) and not r["label"]
         fn += not alarm and r["label"]
+        if r["label"]:
+            looping_tokens += r["n_tokens"]
         if alarm and r["label"]:
             delays.append(fed - 1 - r["onset_token"])
+            saved += r["n_tokens"] - fed
     assert tp + fn >= 50  # enough looping generations for the figures to mean something
-    assert tp / (tp + fp) >= 0.95
-    assert tp / (tp + fn) >= 0.9
+    return {"precision": tp / (tp + fp), "recall": tp / (tp + fn),
+            "delay": sum(delays) / len(delays), "saved": saved / looping_tokens}
+
+
+@pytest.mark.parametrize("labelled", SETS)
+def test_heldout_precision_and_recall_meet_the_targets(labelled):
+    f = _figures(labelled)
+    assert f["precision"] >= 0.95
+    assert f["recall"] >= 0.9
     # Measured +90 tokens: the label itself needs a 64-token repeat.
-    assert sum(delays) / len(delays) <= 100
+    assert f["delay"] <= 100
+
+
+def test_tokens_saved_depend_on_the_cap_and_meet_the_target_at_1024():
+    # A loop starts near token 200 on average; what runs after the alarm up to the cap
+    # is saved. At 512 the label's own 64-token evidence bounds the saving at 46%
+    # (measured 39.6%); at 1024 an unwatched loop runs twice as long.
+    at512, at1024 = _figures("loops")["saved"], _figures("loops-1024")["saved"]
+    assert 0.35 <= at512 < 0.5
+    assert at1024 >= 0.5
 
 
 def test_real_generations_alarm_alike_streamed_or_whole():
