@@ -18,10 +18,11 @@ import subprocess
 import sys
 import time
 
+from engine.backends.vllm import all_cpus
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-# vLLM's own engines get the same cores as VLLMBackend (engine/backends/vllm.py).
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
-                      ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+# vLLM's own engines get the same cores as VLLMBackend.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", all_cpus())
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 PROMPT = "Write a short story about a robot who learns to paint, number {i}."

@@ -20,6 +20,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from engine.backends.vllm import all_cpus  # noqa: E402 (no vllm import)
 
 
 def one_run(bind: str, requests: int, max_tokens: int) -> float:
@@ -39,7 +42,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
-    every = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    every = all_cpus()
     runs: dict[str, list[float]] = {"auto": [], every: []}
     for _ in range(a.rounds):
         for bind in runs:

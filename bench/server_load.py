@@ -24,10 +24,11 @@ from pathlib import Path
 import httpx
 import openai
 
+from engine.backends.vllm import all_cpus
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-# vLLM's own engines get the same cores as VLLMBackend (engine/backends/vllm.py).
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
-                      ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+# vLLM's own engines get the same cores as VLLMBackend.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", all_cpus())
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 MODEL = "smollm2-135m"
 BIN = Path(sys.executable).parent

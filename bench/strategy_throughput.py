@@ -41,10 +41,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from engine.backends.vllm import all_cpus  # noqa: E402 (no vllm import)
+
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-# vLLM's own engines get the same cores as VLLMBackend (engine/backends/vllm.py).
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
-                      ",".join(map(str, sorted(os.sched_getaffinity(0)))))
+# vLLM's own engines get the same cores as VLLMBackend.
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", all_cpus())
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 DATA = Path("/work/shared/data/gsm8k/test.jsonl")

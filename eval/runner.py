@@ -498,8 +498,7 @@ async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
                                   concurrency=config.concurrency, trace_writer=writer,
                                   spec=canonical, params=config.sampling(),
                                   budget=config.budget(),
-                                  loop_detector=(CusumLoopDetector()
-                                                 if config.loop_policy != "off" else None),
+                                  loop_detector=CusumLoopDetector(),  # unused when "off"
                                   loop_policy=config.loop_policy)
                 async for trace in stream:
                     if trace.error and trace.error.split(":")[0] in _INFRA_ERRORS:

@@ -212,14 +212,14 @@ def select_prompts(n_prompts: int) -> list[tuple[int, str]]:
 
 
 def generate(n_prompts: int, max_tokens: int, temperature: float) -> list[dict]:
+    sys.path.insert(0, str(ROOT))
+    from engine.backends.vllm import all_cpus
+    from engine.models import resolve_model
+
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     # every core computes, as in VLLMBackend (vLLM's "auto" keeps one for its scheduler)
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND",
-                          ",".join(map(str, sorted(os.sched_getaffinity(0)))))
-    sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", all_cpus())
     from vllm import LLM, SamplingParams
-
-    from engine.models import resolve_model
 
     llm = LLM(model=resolve_model(), enforce_eager=True, max_model_len=2048)
     tok = llm.get_tokenizer()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import random
@@ -161,6 +162,7 @@ def _stream_tokens(row: dict) -> tuple[LoopAlarm | None, int]:
     return None, len(row["token_lens"])
 
 
+@functools.cache  # each set streamed once, shared by the tests below
 def _figures(labelled: str) -> dict[str, float]:
     tp = fp = fn = saved = looping_tokens = 0
     delays = []
