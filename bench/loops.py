@@ -22,11 +22,13 @@ tokens and a loop that starts at token ~200 can save at most ~60% there; with a
 bigger cap an unwatched loop runs on to it and the same alarm saves more.
 
 ``--data data/loops-1024`` reads the same prompts generated with a 1024-token cap
-(labelled by the same rule, not used for calibration).
+(labelled by the same rule); ``--data data/loops-test --split test`` the fresh test
+set (other prompts, 1024 cap) that the frozen detector was run on once.
 
 Usage:
     python bench/loops.py                        # held-out figures
     python bench/loops.py --data data/loops-1024 # the same at the 1024-token cap
+    python bench/loops.py --data data/loops-test --split test  # the untouched test set
     python bench/loops.py --calibrate            # grid search on the calibration half
     python bench/loops.py --e2e --max-tokens 1024  # monitor off vs on, real engine
 """
@@ -190,7 +192,8 @@ def peak_trace(det: CusumLoopDetector, pieces: list[str]) -> list[float]:
 
 
 def calibrate(rows: list[dict], gold: list[str], min_precision: float = 0.95,
-              margin: float = 2.0) -> dict:
+              margin: float = 2.0, word_shares: tuple[float, ...] = (0.5,),
+              ngrams: tuple[int, ...] = (8, 12, 16, 20, 24, 28, 32)) -> dict:
     """Grid search on ``rows`` (the calibration half) for ngram, k and h.
 
     ``mu`` is measured, per ngram: the share of repeated units in the clean (label 0)
@@ -204,19 +207,19 @@ def calibrate(rows: list[dict], gold: list[str], min_precision: float = 0.95,
     positives = sum(r["label"] for r in rows)
     total = sum(r["n_tokens"] for r in rows if r["label"])
     best: tuple | None = None
-    mus: dict[int, float] = {}
-    grid = itertools.product((8, 12, 16, 20, 24, 28, 32), (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8))
-    for ngram, drift in grid:
-        if ngram not in mus:
+    mus: dict[tuple[int, float], float] = {}
+    grid = itertools.product(ngrams, (0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8), word_shares)
+    for ngram, drift, share in grid:
+        if (ngram, share) not in mus:
             units = rep = 0
             for r in clean:
-                mon = CusumLoopDetector(ngram=ngram, h=1e9).new()
+                mon = CusumLoopDetector(ngram=ngram, h=1e9, word_share=share).new()
                 mon.feed(r["text"] + "\n\n")
                 units, rep = units + mon.n_units, rep + mon.n_repeated
-            mus[ngram] = round(rep / units, 3)
-        mu = mus[ngram]
+            mus[ngram, share] = round(rep / units, 3)
+        mu = mus[ngram, share]
         k = round(drift - mu, 3)
-        det = CusumLoopDetector(ngram=ngram, mu=mu, k=k, h=1e9)
+        det = CusumLoopDetector(ngram=ngram, mu=mu, k=k, h=1e9, word_share=share)
         gold_peak = 0.0
         for t in gold:
             mon = det.new()
@@ -241,8 +244,10 @@ def calibrate(rows: list[dict], gold: list[str], min_precision: float = 0.95,
                 continue
             _, recall, saved = score(h + margin)
             if best is None or (recall, saved) > best[0]:
-                best = ((recall, saved), dict(ngram=ngram, mu=mu, k=k, h=float(h)))
-        print(f"ngram={ngram:2d} drift={drift:.2f} gold peak {gold_peak:5.2f}  best so far "
+                best = ((recall, saved), dict(ngram=ngram, mu=mu, k=k, h=float(h),
+                                              word_share=share))
+        print(f"ngram={ngram:2d} drift={drift:.2f} share={share:.2f} "
+              f"gold peak {gold_peak:5.2f}  best so far "
               f"{best and best[1]} (recall, saved at h+{margin}) {best and best[0]}", flush=True)
     if best is None:
         raise SystemExit("no setting meets the precision floor")
@@ -290,26 +295,38 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibrate", action="store_true", help="grid search on the calibration half")
     ap.add_argument("--data", type=Path, default=DATA, help="directory of the labelled set")
+    ap.add_argument("--split", default="heldout", help="split reported on")
+    ap.add_argument("--calibrate-on", nargs="+", default=["calibration"], metavar="SPLIT",
+                    help="splits the grid search runs on")
+    ap.add_argument("--word-shares", nargs="+", type=float, default=[0.5], metavar="S",
+                    help="word_share values in the grid")
+    ap.add_argument("--ngrams", nargs="+", type=int, default=[8, 12, 16, 20, 24, 28, 32],
+                    metavar="N", help="ngram values in the grid")
     ap.add_argument("--e2e", action="store_true", help="monitor off vs on through vLLM")
     ap.add_argument("--max-tokens", type=int, default=1024, help="cap for --e2e")
     args = ap.parse_args()
     if args.e2e:
-        questions = [json.loads(line)["question"] for line in GSM8K_TEST.open()]
-        asyncio.run(e2e(load("heldout", args.data), questions, args.max_tokens))
+        rows = load(args.split, args.data)
+        # Rows made from train prompts carry "gsm8k-train-" ids (make_loop_set --source).
+        source = GSM8K_TEST.with_name("train.jsonl") if rows[0]["id"].startswith(
+            "gsm8k-train-") else GSM8K_TEST
+        questions = [json.loads(line)["question"] for line in source.open()]
+        asyncio.run(e2e(rows, questions, args.max_tokens))
         return
     if args.calibrate:
-        calib = load("calibration", args.data)
-        params = calibrate(calib, gold_solutions() + gold_solutions(True))
+        calib = [r for split in args.calibrate_on for r in load(split, args.data)]
+        params = calibrate(calib, gold_solutions() + gold_solutions(True),
+                           word_shares=tuple(args.word_shares), ngrams=tuple(args.ngrams))
         print("chosen:", params)
         print("calibration:", evaluate(CusumLoopDetector(**params), calib).line())
         return
 
     det = CusumLoopDetector()
     print("detector:", det.model_dump())
-    held = load("heldout", args.data)
+    held = load(args.split, args.data)
     n_loop = sum(r["label"] for r in held)
-    print(f"held-out: {len(held)} generations, {n_loop} looping")
-    print("held-out:", evaluate(det, held).line())
+    print(f"{args.split}: {len(held)} generations, {n_loop} looping")
+    print(f"{args.split}:", evaluate(det, held).line())
     loops = [r for r in held if r["label"]]
     tokens = sum(r["n_tokens"] for r in loops)
     after = sum(r["n_tokens"] - r["onset_token"] for r in loops) / tokens

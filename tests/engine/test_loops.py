@@ -14,8 +14,9 @@ import pytest
 from engine.loops import CusumLoopDetector, LoopAlarm
 
 ROOT = Path(__file__).resolve().parents[2]
-# The labelled set at two generation caps (512 and 1024 new tokens), same prompts.
-SETS = ["loops", "loops-1024"]
+# The labelled set at two generation caps (512 and 1024 new tokens), same prompts,
+# and the fresh test set (1024 cap, other prompts) that no choice was made on.
+SETS = [("loops", "heldout"), ("loops-1024", "heldout"), ("loops-test", "test")]
 GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
 
 DET = CusumLoopDetector()
@@ -127,6 +128,19 @@ def test_parameters_are_validated():
         CusumLoopDetector(ngram=1)
     with pytest.raises(ValueError):
         CusumLoopDetector(h=0)
+    with pytest.raises(ValueError):
+        CusumLoopDetector(word_share=1.5)
+
+
+def test_word_share_decides_whether_a_loop_that_counts_in_formulas_counts():
+    # The model's counting loop from data/loops-1024 (gsm8k-1277): under half of each
+    # line's units are words, so only a lower word share sees the masked repeat.
+    lines = [f"Mia's age is {a} + 40 = {a + 40} years old.\n" for a in range(80, 2000, 40)]
+    text = "We need Mia's age and Emma's age.\n" + "".join(lines)
+    assert feed_all(text) is None
+    low = feed_all(text, CusumLoopDetector(word_share=0.34))
+    assert low is not None
+    assert text[low.onset :].startswith("Mia's age is")
 
 
 def _gold() -> list[str]:
@@ -147,8 +161,8 @@ def test_no_gsm8k_gold_solution_alarms():
     assert alarms == []
 
 
-def _heldout(labelled: str = "loops") -> list[dict]:
-    return [json.loads(line) for line in (ROOT / "data" / labelled / "heldout.jsonl").open()]
+def _heldout(labelled: str = "loops", split: str = "heldout") -> list[dict]:
+    return [json.loads(line) for line in (ROOT / "data" / labelled / f"{split}.jsonl").open()]
 
 
 def _stream_tokens(row: dict) -> tuple[LoopAlarm | None, int]:
@@ -163,10 +177,10 @@ def _stream_tokens(row: dict) -> tuple[LoopAlarm | None, int]:
 
 
 @functools.cache  # each set streamed once, shared by the tests below
-def _figures(labelled: str) -> dict[str, float]:
+def _figures(labelled: str, split: str = "heldout") -> dict[str, float]:
     tp = fp = fn = saved = looping_tokens = 0
     delays = []
-    for r in _heldout(labelled):
+    for r in _heldout(labelled, split):
         alarm, fed = _stream_tokens(r)
         tp += bool(alarm) and r["label"]
         fp += bool(alarm) and not r["label"]
@@ -181,9 +195,9 @@ def _figures(labelled: str) -> dict[str, float]:
             "delay": sum(delays) / len(delays), "saved": saved / looping_tokens}
 
 
-@pytest.mark.parametrize("labelled", SETS)
-def test_heldout_precision_and_recall_meet_the_targets(labelled):
-    f = _figures(labelled)
+@pytest.mark.parametrize(("labelled", "split"), SETS)
+def test_heldout_precision_and_recall_meet_the_targets(labelled, split):
+    f = _figures(labelled, split)
     assert f["precision"] >= 0.95
     assert f["recall"] >= 0.9
     # Measured +90 tokens: the label itself needs a 64-token repeat.
@@ -197,6 +211,8 @@ def test_tokens_saved_depend_on_the_cap_and_meet_the_target_at_1024():
     at512, at1024 = _figures("loops")["saved"], _figures("loops-1024")["saved"]
     assert 0.35 <= at512 < 0.5
     assert at1024 >= 0.5
+    # The fresh test set (measured 65.6%).
+    assert _figures("loops-test", "test")["saved"] >= 0.5
 
 
 def test_real_generations_alarm_alike_streamed_or_whole():
