@@ -9,7 +9,10 @@ For each strategy spec (default ``sc(cot, n=8)`` and ``ssr``) over GSM8K test ta
 3. raw: every sample the engine generated, replayed in ONE ``vllm.LLM.generate``
    call in a separate process (after the AsyncLLM engine is shut down), each forced
    to the same length (``min_tokens = max_tokens``, ``ignore_eos``) so the token
-   volume is identical: the ceiling of what batching could give.
+   volume is identical, with the same temperature, top-p and logprobs request (sc
+   asks for the samples' log-probabilities to break ties) and the same scheduler
+   budget as the engine (128 sequences, ``--budget`` tokens a step): the ceiling of
+   what batching could give.
 4. raw one call at a time: the calls of the first ``--seq-tasks`` tasks replayed the
    same way, one ``LLM.generate`` per call (its n samples together). raw / this is
    the most batching itself can buy on this machine over the sequential pattern: an
@@ -70,19 +73,21 @@ def replay_requests(traces: list) -> list[dict]:
             out.append({"task": i, "messages": [m.model_dump() for m in e.messages],
                         "temperature": params.get("temperature", 0.7),
                         "top_p": params.get("top_p", 1.0),
+                        "logprobs": bool(params.get("logprobs")),
                         "lengths": [c.completion_tokens for c in e.completions]})
     return out
 
 
 async def engine_phase(args: argparse.Namespace) -> dict:
     import strategies
-    from engine.backends.vllm import VLLMBackend
+    from engine.backends.vllm import VLLMBackend, VLLMConfig
     from engine.run import run, solve_one
     from engine.types import Message, SamplingParams
 
     tasks = load_tasks(args.tasks)
     params = SamplingParams(max_tokens=args.max_tokens)
-    backend = await VLLMBackend.create(args.model)
+    backend = await VLLMBackend.create(args.model, VLLMConfig(
+        max_num_batched_tokens=args.budget))
     results = {}
     try:
         # warm-up: the first requests pay one-off costs that are not throughput
@@ -114,7 +119,7 @@ async def engine_phase(args: argparse.Namespace) -> dict:
     return results
 
 
-def raw_phase(request_file: str, model: str, seq_tasks: int) -> None:
+def raw_phase(request_file: str, model: str, seq_tasks: int, budget: int) -> None:
     """Subprocess: replay the requests in one offline LLM.generate; print JSON."""
     from vllm import LLM
     from vllm import SamplingParams as VSP
@@ -124,7 +129,7 @@ def raw_phase(request_file: str, model: str, seq_tasks: int) -> None:
     path = resolve_model(model)
     llm = LLM(model=path, tokenizer=path, max_model_len=4096, enforce_eager=True,
               gpu_memory_utilization=0.5, enable_prefix_caching=True, max_num_seqs=128,
-              disable_log_stats=True)
+              max_num_batched_tokens=budget, disable_log_stats=True)
     tok = llm.get_tokenizer()
     requests = json.loads(Path(request_file).read_text())
     calls = []  # per request: (task, prompts, sampling params)
@@ -134,7 +139,8 @@ def raw_phase(request_file: str, model: str, seq_tasks: int) -> None:
         ks = [max(1, length) for length in r["lengths"]]
         calls.append((r["task"], [{"prompt_token_ids": ids}] * len(ks),
                       [VSP(temperature=r["temperature"], top_p=r["top_p"], max_tokens=k,
-                           min_tokens=k, ignore_eos=True) for k in ks]))
+                           min_tokens=k, ignore_eos=True,
+                           logprobs=0 if r.get("logprobs") else None) for k in ks]))
     prompts = [p for _, ps, _ in calls for p in ps]
     sps = [sp for _, _, ss in calls for sp in ss]
     llm.generate(prompts[:8], sps[:8], use_tqdm=False)  # warm-up
@@ -170,10 +176,12 @@ def main() -> None:
     ap.add_argument("--seq-tasks", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--budget", type=int, default=4096,
+                    help="max_num_batched_tokens of both engines (vLLM's CPU LLM default)")
     ap.add_argument("--raw", help=argparse.SUPPRESS)  # internal: the raw-vLLM subprocess
     args = ap.parse_args()
     if args.raw:
-        raw_phase(args.raw, args.model, args.seq_tasks)
+        raw_phase(args.raw, args.model, args.seq_tasks, args.budget)
         return
 
     engine = asyncio.run(engine_phase(args))
@@ -184,7 +192,8 @@ def main() -> None:
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(r["requests"], f)
         proc = subprocess.run([sys.executable, __file__, "--raw", f.name, "--model",
-                               args.model, "--seq-tasks", str(args.seq_tasks)],
+                               args.model, "--seq-tasks", str(args.seq_tasks),
+                               "--budget", str(args.budget)],
                               capture_output=True, text=True, check=False)
         os.unlink(f.name)
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RAW ")), None)

@@ -58,6 +58,11 @@ class VLLMConfig:
     enable_prefix_caching: bool = True
     dtype: str = "auto"
     max_num_seqs: int = 128
+    # Tokens per scheduler step (prefill chunks). vLLM's CPU default is 4096 for its
+    # offline ``LLM`` but 2048 for an engine built from engine args. 4096 ran ssr on
+    # 16 tasks at 1.14x the tokens/s of 2048 (bench/prefill_budget.py, one round).
+    # None: vLLM's default.
+    max_num_batched_tokens: int | None = 4096
     # VLLM_CPU_OMP_THREADS_BIND. vLLM's "auto" keeps one core out of the compute
     # pool for its scheduler; on 2 cores that halves the pool, and measured here
     # batched generation ran 1.6x faster on both cores (bench/cpu_threads.py).
@@ -109,7 +114,8 @@ class VLLMBackend:
                 enforce_eager=config.enforce_eager, dtype=config.dtype,
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 enable_prefix_caching=config.enable_prefix_caching,
-                max_num_seqs=config.max_num_seqs, disable_log_stats=True,
+                max_num_seqs=config.max_num_seqs,
+                max_num_batched_tokens=config.max_num_batched_tokens, disable_log_stats=True,
                 **dict(config.extra))
             engine = AsyncLLM.from_engine_args(args)
         except Exception as exc:  # vLLM raises many types; all mean "could not start"

@@ -154,3 +154,11 @@ async def test_explicit_cpu_threads_setting_wins(monkeypatch):
         await VLLMBackend.create("smollm2-135m", VLLMConfig(max_model_len=10_000_000,
                                                             cpu_threads="1"))
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+
+
+async def test_scheduler_budget_reaches_the_engine(vllm_backend):
+    # vLLM gives an engine built from engine args 2048 tokens a step; ours asks 4096.
+    assert VLLMConfig().max_num_batched_tokens == 4096
+    sched = vllm_backend.engine.vllm_config.scheduler_config
+    assert sched.max_num_batched_tokens == 4096
+    assert sched.max_num_seqs == VLLMConfig().max_num_seqs

@@ -1,0 +1,84 @@
+"""Scheduler budget: ``max_num_batched_tokens`` 2048 (vLLM's engine default) vs 4096.
+
+The same strategy run (default ``ssr`` over 16 GSM8K tasks, 256 new tokens) on a
+fresh ``VLLMBackend`` per setting, alternated A B A B; prints generated tokens/s per
+run and the ratio of the means (4096 / 2048).
+
+    python bench/prefill_budget.py [--spec ssr] [--tasks 16] [--rounds 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def load_tasks(n: int) -> list:
+    from engine.types import Task
+
+    lines = Path("/work/shared/data/gsm8k/test.jsonl").read_text().splitlines()[:n]
+    return [Task.from_prompt(json.loads(line)["question"], id=f"gsm8k-{i}")
+            for i, line in enumerate(lines)]
+
+
+async def one(spec: str, todo: list, budget: int, max_tokens: int) -> dict:
+    import strategies
+    from engine.backends.vllm import VLLMBackend, VLLMConfig
+    from engine.run import run
+    from engine.types import SamplingParams
+
+    backend = await VLLMBackend.create(config=VLLMConfig(max_num_batched_tokens=budget))
+    try:
+        params = SamplingParams(max_tokens=max_tokens)
+        t0 = time.monotonic()
+        traces = await run(strategies.build(spec, max_calls=None), todo, backend,
+                           concurrency=len(todo), params=params)
+        wall = time.monotonic() - t0
+    finally:
+        await backend.aclose()
+    return {"tokens": sum(t.usage.completion_tokens for t in traces), "wall": wall}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spec", default="ssr")
+    ap.add_argument("--tasks", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--budget", type=int, help=argparse.SUPPRESS)  # internal: one run
+    a = ap.parse_args()
+    if a.budget:
+        r = asyncio.run(one(a.spec, load_tasks(a.tasks), a.budget, a.max_tokens))
+        print("RESULT " + json.dumps(r), flush=True)
+        return
+    runs: dict[int, list[float]] = {2048: [], 4096: []}
+    for _ in range(a.rounds):
+        for budget in runs:
+            out = subprocess.run([sys.executable, __file__, "--budget", str(budget), "--spec",
+                                  a.spec, "--tasks", str(a.tasks), "--max-tokens",
+                                  str(a.max_tokens)], check=True, stdout=subprocess.PIPE,
+                                 text=True, timeout=3600)
+            line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
+            r = json.loads(line.removeprefix("RESULT "))
+            runs[budget].append(r["tokens"] / r["wall"])
+            print(f"budget {budget}: {r['tokens']} tokens in {r['wall']:.1f}s = "
+                  f"{runs[budget][-1]:.1f} tok/s (load {os.getloadavg()[0]:.1f})", flush=True)
+    lo, hi = statistics.mean(runs[2048]), statistics.mean(runs[4096])
+    print(f"\n{a.spec}, {a.tasks} tasks, means of {a.rounds}: 2048 {lo:.1f} tok/s, "
+          f"4096 {hi:.1f} tok/s, ratio {hi / lo:.2f}")
+
+
+if __name__ == "__main__":
+    main()
