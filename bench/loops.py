@@ -30,6 +30,8 @@ Usage:
     python bench/loops.py --data data/loops-1024 # the same at the 1024-token cap
     python bench/loops.py --data data/loops-test --split test  # the untouched test set
     python bench/loops.py --calibrate            # grid search on the calibration half
+    python bench/loops.py --calibrate --data data/loops-1024 --calibrate-on calibration \
+        heldout --word-shares 0.5 0.4 0.34 --ngrams 20 24 28 32  # the 1024-cap check
     python bench/loops.py --e2e --max-tokens 1024  # monitor off vs on, real engine
 """
 
@@ -293,7 +295,8 @@ async def e2e(held: list[dict], questions: list[str], max_tokens: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calibrate", action="store_true", help="grid search on the calibration half")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="grid search on the --calibrate-on splits")
     ap.add_argument("--data", type=Path, default=DATA, help="directory of the labelled set")
     ap.add_argument("--split", default="heldout", help="split reported on")
     ap.add_argument("--calibrate-on", nargs="+", default=["calibration"], metavar="SPLIT",

@@ -142,9 +142,9 @@ class CusumLoopDetector(BaseModel):
     # - window is not calibrated: 1024 units hold a whole 512-token answer. In longer
     #   generations a loop must come back within ~1000 units to count.
     # - Checked at a 1024-token cap: the same search on both halves of
-    #   data/loops-1024 (1,200 generations, 137 looping), with word_share 0.34 / 0.4
-    #   / 0.5 in the grid, picks the same setting (mu 0.009 + k 0.391: the same
-    #   drift). Frozen then, it was run once on data/loops-test (900 fresh
+    #   data/loops-1024 (1,200 generations, 137 looping), ngram 20-32 and word_share
+    #   0.34 / 0.4 / 0.5 in the grid, picks the same setting (mu 0.009 + k 0.391: the
+    #   same drift). Frozen then, it was run once on data/loops-test (900 fresh
     #   generations on GSM8K *train* prompts, never used to choose anything):
     #   precision 0.980, recall 0.914, 65.6% of looping tokens saved.
     ngram: int = Field(28, ge=2)
