@@ -21,16 +21,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-def load_tasks(n: int) -> list:
-    from engine.types import Task
-
-    lines = Path("/work/shared/data/gsm8k/test.jsonl").read_text().splitlines()[:n]
-    return [Task.from_prompt(json.loads(line)["question"], id=f"gsm8k-{i}")
-            for i, line in enumerate(lines)]
+# The same tasks and engine environment as the strategy bench.
+from strategy_throughput import load_tasks  # noqa: E402
 
 
 async def one(spec: str, todo: list, budget: int, max_tokens: int) -> dict:

@@ -44,7 +44,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from engine.backends.vllm import all_cpus  # noqa: E402 (no vllm import)
+from engine.backends.vllm import VLLMConfig, all_cpus  # noqa: E402 (no vllm import)
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 # vLLM's own engines get the same cores as VLLMBackend.
@@ -80,7 +80,7 @@ def replay_requests(traces: list) -> list[dict]:
 
 async def engine_phase(args: argparse.Namespace) -> dict:
     import strategies
-    from engine.backends.vllm import VLLMBackend, VLLMConfig
+    from engine.backends.vllm import VLLMBackend
     from engine.run import run, solve_one
     from engine.types import Message, SamplingParams
 
@@ -176,8 +176,8 @@ def main() -> None:
     ap.add_argument("--seq-tasks", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--budget", type=int, default=4096,
-                    help="max_num_batched_tokens of both engines (vLLM's CPU LLM default)")
+    ap.add_argument("--budget", type=int, default=VLLMConfig.max_num_batched_tokens,
+                    help="max_num_batched_tokens of both engines (VLLMConfig's default)")
     ap.add_argument("--raw", help=argparse.SUPPRESS)  # internal: the raw-vLLM subprocess
     args = ap.parse_args()
     if args.raw:
