@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.report import load_run, pareto_front, write_report
+from eval.report import _label_lifts, _top, load_run, pareto_front, write_report
 from eval.runner import CONFIG, RESULTS, append_line
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -36,6 +36,17 @@ def test_pareto_front() -> None:
     assert pareto_front(pts) == [4, 0, 2]
     assert pareto_front([(1, 1)]) == [0]
     assert pareto_front([]) == []
+
+
+def test_plot_axis_fits_small_accuracies_and_labels_do_not_overlap() -> None:
+    # A 135M model's few percent would sit on the floor of a 0-100% axis.
+    assert _top([5.0, 8.3]) == pytest.approx(10.375)
+    assert _top([1.0, 2.0]) == 10.0
+    assert _top([90.0]) == 102.0
+    # sc and sage at ~1,900 tokens and 4% / 2.5%: the costlier one's label goes up a
+    # line; cot, far away in tokens, and ssr, far away in both, keep theirs.
+    assert _label_lifts([349, 1899, 1913, 12141], [2.0, 4.0, 2.5, 1.5]) == [0, 0, 11, 0]
+    assert _label_lifts([1899, 1913, 2196], [4.0, 2.5, 4.5]) == [0, 11, 22]
 
 
 def test_report_on_two_runs_writes_table_and_plots(tmp_path) -> None:
