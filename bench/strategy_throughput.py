@@ -157,11 +157,11 @@ def engine_kwargs(model: str, budget: int) -> dict:
     """The bare engines' settings: those of ``VLLMBackend`` (128 sequences, same budget)."""
     from engine.models import resolve_model
 
-    path = resolve_model(model)
-    return {"model": path, "tokenizer": path, "max_model_len": 4096, "enforce_eager": True,
-            "gpu_memory_utilization": 0.5, "enable_prefix_caching": True,
-            "max_num_seqs": VLLMConfig.max_num_seqs, "max_num_batched_tokens": budget,
-            "disable_log_stats": True}
+    path, c = resolve_model(model), VLLMConfig()
+    return {"model": path, "tokenizer": path, "max_model_len": c.max_model_len,
+            "enforce_eager": c.enforce_eager, "gpu_memory_utilization": c.gpu_memory_utilization,
+            "enable_prefix_caching": c.enable_prefix_caching, "max_num_seqs": c.max_num_seqs,
+            "max_num_batched_tokens": budget, "disable_log_stats": True}
 
 
 def replay_calls(requests: list[dict], tok) -> list[tuple[int, list, list]]:
