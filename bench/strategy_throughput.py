@@ -181,12 +181,12 @@ def replay_calls(requests: list[dict], tok) -> list[tuple[int, list, list]]:
     return calls
 
 
-def raw_phase(request_file: str, model: str, seq_tasks: int, budget: int) -> None:
+def raw_phase(requests: list[dict], model: str, seq_tasks: int, budget: int) -> None:
     """Subprocess: replay the requests in one offline LLM.generate; print JSON."""
     from vllm import LLM
 
     llm = LLM(**engine_kwargs(model, budget))
-    calls = replay_calls(json.loads(Path(request_file).read_text()), llm.get_tokenizer())
+    calls = replay_calls(requests, llm.get_tokenizer())
     prompts = [p for _, ps, _ in calls for p in ps]
     sps = [sp for _, _, ss in calls for sp in ss]
     llm.generate(prompts[:8], sps[:8], use_tqdm=False)  # warm-up
@@ -298,11 +298,12 @@ def main() -> None:
     ap.add_argument("--dag-replay", help=argparse.SUPPRESS)  # internal: the dag subprocess
     args = ap.parse_args()
     if args.raw:
-        raw_phase(args.raw, args.model, args.seq_tasks, args.budget)
+        raw_phase(json.loads(Path(args.raw).read_text()), args.model, args.seq_tasks,
+                  args.budget)
         return
     if args.dag_replay:
-        requests = json.loads(Path(args.dag_replay).read_text())
-        asyncio.run(dag_phase(requests, args.model, args.budget))
+        asyncio.run(dag_phase(json.loads(Path(args.dag_replay).read_text()), args.model,
+                              args.budget))
         return
 
     engine = asyncio.run(engine_phase(args))

@@ -180,8 +180,8 @@ def _top(values: Sequence[float]) -> float:
 
 
 def _label_lifts(xs: Sequence[float], ys: Sequence[float]) -> list[int]:
-    """Points offsets (upwards) that stack the labels of runs within 30% in tokens
-    and 3 points in accuracy, instead of printing them over each other."""
+    """Upward label offsets, in points, that stack the labels of runs within 30% in
+    tokens and 3 points of accuracy instead of printing them over each other."""
     lifts = [0] * len(xs)
     order = sorted(range(len(xs)), key=lambda i: (xs[i], ys[i]))
     for k, i in enumerate(order):
