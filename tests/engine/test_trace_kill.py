@@ -108,12 +108,14 @@ def test_sigkill_loop_never_tears_a_line_or_loses_an_acknowledged_trace(tmp_path
     acked: set[str] = set()
     seen: set[str] = set()
     natural_torn = injected = repaired = lines_checked = 0
+    torn_before = False  # whether the file this writer opens ends in a torn tail
     for k in range(KILLS):
         w = Worker(path, f"k{k}", SEED + k)
         w.kill_after(rng.uniform(0.0, 0.4))
         assert w.proc.returncode == -signal.SIGKILL
         ready = [x for x in w.lines if x.startswith("ready")]
-        repaired += int(ready[0].split()[1]) > 0
+        assert (int(ready[0].split()[1]) > 0) == torn_before, f"kill {k}: repair mismatch"
+        repaired += torn_before
         acked |= set(w.acked)
 
         ids, tail = check_file(path)
@@ -125,6 +127,7 @@ def test_sigkill_loop_never_tears_a_line_or_loses_an_acknowledged_trace(tmp_path
         assert seen <= set(ids), "a trace of an earlier writer vanished"
         seen = set(ids)
         assert [t.task_id for t in read_traces(path)] == ids
+        torn_before = bool(tail) or (k % 4 == 1 and bool(ids))
         if tail:
             natural_torn += 1
         elif k % 4 == 1 and ids:
@@ -137,13 +140,17 @@ def test_sigkill_loop_never_tears_a_line_or_loses_an_acknowledged_trace(tmp_path
     # A last writer on the file: it repairs whatever tail the last kill left, and appends.
     w = Worker(path, "final", SEED)
     w.kill_after(0.2)
+    ready = [x for x in w.lines if x.startswith("ready")]
+    assert (int(ready[0].split()[1]) > 0) == torn_before, "final writer: repair mismatch"
+    repaired += torn_before
     acked |= set(w.acked)
     ids, tail = check_file(path)
     assert len(ids) == len(set(ids)) and acked <= set(ids)
     print(f"\nkills={KILLS + 1} whole lines={len(ids)} acked={len(acked)} "
           f"torn tails: natural={natural_torn} injected={injected} repaired={repaired} "
           f"lines checked over all kills={lines_checked}")
-    assert repaired == natural_torn + injected, "every torn tail is cut by the next writer"
+    # Each writer's own repair report was checked against the tail it found (above).
+    assert repaired == natural_torn + injected > 0, "the repair path never ran"
     assert len(acked) >= KILLS  # the kills landed while writing, not before the first trace
 
 
