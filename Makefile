@@ -45,7 +45,7 @@ serve: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -p no:cacheprovider $(PYTEST_ARGS)
+	$(PY) -m pytest -q -p no:cacheprovider --durations=10 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e" $(PYTEST_ARGS)
