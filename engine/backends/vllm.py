@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import uuid
@@ -88,6 +89,7 @@ class VLLMBackend:
         self.is_cpu = is_cpu
         self._warned_seed = False
         self.engine_procs = _engine_processes(engine)
+        self.closed = False
 
     @classmethod
     async def create(cls, model: str = "smollm2-135m",
@@ -127,7 +129,11 @@ class VLLMBackend:
                 f"({config.max_model_len}).") from exc
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(path)
-        return cls(engine, tokenizer, model, config.max_model_len, current_platform.is_cpu())
+        backend = cls(engine, tokenizer, model, config.max_model_len, current_platform.is_cpu())
+        # Something vLLM imports on the line above keeps this frame alive (through an
+        # import traceback); a local ``engine`` in it would outlive aclose().
+        del engine
+        return backend
 
     # -- prompt handling --------------------------------------------------------------
 
@@ -170,6 +176,8 @@ class VLLMBackend:
             raise InvalidRequestError(f"vLLM rejected the request: {exc}") from exc
 
     def _check_alive(self) -> None:
+        if self.closed:
+            raise BackendUnavailableError("the vLLM backend was closed")
         if self.engine.errored:
             raise BackendUnavailableError(f"vLLM engine is dead: {self.engine.dead_error}")
 
@@ -256,7 +264,7 @@ class VLLMBackend:
         except (VLLMClientError, ValueError, TypeError) as exc:  # VLLMClientError: no ValueError
             raise InvalidRequestError(f"vLLM rejected the request: {exc}") from exc
         except Exception as exc:
-            if self.engine.errored:
+            if self.dead:
                 raise BackendUnavailableError(f"vLLM engine died: {exc}") from exc
             raise BackendError(f"vLLM request failed: {type(exc).__name__}: {exc}") from exc
         finally:
@@ -275,8 +283,8 @@ class VLLMBackend:
 
     @property
     def dead(self) -> bool:
-        """True once the engine core has died; it does not come back."""
-        return bool(self.engine.errored)
+        """True once the engine core has died or was closed; it does not come back."""
+        return self.closed or bool(self.engine.errored)
 
     @property
     def healthy(self) -> bool:
@@ -285,16 +293,24 @@ class VLLMBackend:
     @property
     def status(self) -> str:
         """Why the backend is not healthy, for /health."""
-        return "engine died" if self.dead else "ok"
+        return "closed" if self.closed else "engine died" if self.dead else "ok"
 
     def num_unfinished_requests(self) -> int:
-        return self.engine.get_num_unfinished_requests()
+        return 0 if self.closed else self.engine.get_num_unfinished_requests()
 
     async def aclose(self) -> None:
         """Shut the engine down and make sure none of its processes outlive it."""
         # shutdown() joins processes; off the event loop so /health keeps answering.
+        if self.closed:
+            return
+        self.closed = True
         await asyncio.to_thread(self.engine.shutdown)
         await asyncio.to_thread(_reap, self.engine_procs)
+        # AsyncLLM sits in reference cycles, so without this it is freed at interpreter
+        # teardown, where its __del__ calls shutdown() again on vLLM's emptied module
+        # globals and prints a TypeError traceback after every clean exit.
+        self.engine = None
+        gc.collect()
 
 
 def _engine_processes(engine: Any) -> list[Any]:
@@ -309,7 +325,8 @@ def _engine_processes(engine: Any) -> list[Any]:
         roots = [psutil.Process(p.pid) for p in cores]
         return roots + [c for r in roots for c in r.children(recursive=True)]
     except Exception as exc:  # vLLM internals moved or a process vanished: best effort
-        log.warning("could not list the vLLM engine processes: %s", exc)
+        # str(exc), not exc: a kept log record must not hold the traceback (and the engine).
+        log.warning("could not list the vLLM engine processes: %s", str(exc))
         return []
 
 

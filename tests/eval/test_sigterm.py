@@ -1,4 +1,8 @@
-"""SIGTERM to `refinery eval run` closes its vLLM engine instead of orphaning it."""
+"""SIGTERM to `refinery eval run` closes its vLLM engine instead of orphaning it.
+
+The rerun then finishes the run and exits cleanly: no traceback from a vLLM engine
+freed at interpreter teardown (``AsyncLLM.__del__`` on emptied module globals).
+"""
 
 from __future__ import annotations
 
@@ -21,13 +25,12 @@ def _engine_children(proc: psutil.Process) -> list[psutil.Process]:
             c.name().startswith("VLLM")]
 
 
-def test_sigterm_closes_the_engine(tmp_path):
+def test_sigterm_closes_the_engine_and_the_rerun_finishes_cleanly(tmp_path):
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    proc = subprocess.Popen(
-        [str(REFINERY), "eval", "run", "--dataset", "arith", "--limit", "64", "--strategy",
-         "cot", "--max-tokens", "64", "--concurrency", "4", "--out", str(tmp_path / "run"),
-         "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    cmd = [str(REFINERY), "eval", "run", "--dataset", "arith", "--limit", "64", "--strategy",
+           "cot", "--max-tokens", "64", "--out", str(tmp_path / "run"), "--no-progress"]
+    proc = subprocess.Popen(cmd + ["--concurrency", "4"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
     parent = psutil.Process(proc.pid)
     try:
         # Wait until the engine runs and the first problems are answered.
@@ -44,11 +47,20 @@ def test_sigterm_closes_the_engine(tmp_path):
         out = proc.communicate(timeout=180)[0].decode()
         assert proc.returncode == 130, out[-2000:]
         assert "rerun the same command to resume" in out
+        assert "Exception ignored" not in out, out[-2000:]
         # The engine processes go with it (allow them a moment to be reaped).
         gone, alive = psutil.wait_procs(engine, timeout=60)
         assert not alive, [p.cmdline() for p in alive]
         done = results.read_text().splitlines()
         assert 0 < len(done) < 64
+
+        # Concurrency is not part of a run's identity: the rerun resumes with more.
+        rerun = subprocess.run(cmd + ["--concurrency", "16"], capture_output=True, text=True,
+                               env=env, timeout=900)
+        out = rerun.stdout + rerun.stderr
+        assert rerun.returncode == 0, out[-2000:]
+        assert f"64/64 problems ({64 - len(done)} run now, {len(done)} already done)" in out
+        assert "Exception ignored" not in out and "Traceback" not in out, out[-3000:]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
