@@ -30,7 +30,9 @@ For each strategy spec (default ``sc(cot, n=8)`` and ``ssr``) over GSM8K test ta
 
 While the engine runs, the vLLM sequences in flight (running + waiting) are sampled
 every 0.25 s: their time-weighted mean and the share of the wall time at the
-128-sequence cap say how full the batches were.
+128-sequence cap say how full the batches were. Their mean over each tenth of the
+run, beside the tasks not yet finished, shows whether a drained tail (the last
+tasks of a closed batch running alone) is where the throughput went.
 
 Prints tokens/s and the ratios engine/raw (target >= 0.85), engine/sequential and
 engine/proxy (target >= 5 over the sequential pattern of proxies). Never passes a
@@ -98,12 +100,37 @@ async def sample_in_flight(count, samples: list[int], every: float = 0.25) -> No
         await asyncio.sleep(every)
 
 
+def deciles(samples: list[float]) -> list[float]:
+    """Means of ``samples`` over ten equal slices of the run, in order."""
+    k = len(samples)
+    return [sum(part) / len(part) for part in
+            (samples[i * k // 10:(i + 1) * k // 10] for i in range(10)) if part]
+
+
 def occupancy(samples: list[int], cap: int) -> dict:
-    """Mean sequences in flight and the share of samples at the batch cap."""
+    """Mean sequences in flight, the share of samples at the batch cap, and the mean
+    in each tenth of the run (a drained tail shows as falling last tenths)."""
     if not samples:
-        return {"mean_in_flight": 0.0, "at_cap": 0.0}
+        return {"mean_in_flight": 0.0, "at_cap": 0.0, "profile": []}
     return {"mean_in_flight": sum(samples) / len(samples),
-            "at_cap": sum(s >= cap for s in samples) / len(samples)}
+            "at_cap": sum(s >= cap for s in samples) / len(samples),
+            "profile": deciles(samples)}
+
+
+def tasks_alive(requests: list[dict], every: float = 0.25) -> list[int]:
+    """Tasks started and not yet finished, sampled like the sequences in flight."""
+    ends: dict[int, float] = {}
+    for r in requests:
+        ends[r["task"]] = max(ends.get(r["task"], 0.0), r["end"])
+    if not ends:
+        return []
+    t0 = min(r["start"] for r in requests)
+    steps = int((max(ends.values()) - t0) / every) + 1
+    return [sum(end > t0 + i * every for end in ends.values()) for i in range(steps)]
+
+
+def fmt(profile: list[float]) -> str:
+    return " ".join(f"{x:.0f}" for x in profile)
 
 
 async def engine_phase(args: argparse.Namespace) -> dict:
@@ -148,6 +175,9 @@ async def engine_phase(args: argparse.Namespace) -> dict:
                   f"{len(errors)} errors; sequential {seq_tokens} tokens in {seq_wall:.1f}s; "
                   f"{results[spec]['mean_in_flight']:.1f} sequences in flight on average, "
                   f"{results[spec]['at_cap']:.0%} of the time at the cap", flush=True)
+            print(f"[engine] {spec}: by tenth of the run, sequences in flight "
+                  f"{fmt(results[spec]['profile'])}; tasks unfinished "
+                  f"{fmt(deciles(tasks_alive(results[spec]['requests'])))}", flush=True)
     finally:
         await backend.aclose()
     return results
@@ -333,7 +363,8 @@ def main() -> None:
                 print(f"{'':<16} dag {dag_tps:.1f} tok/s: eng/dag {eng_tps / dag_tps:.2f}, "
                       f"dag/raw {dag_tps / raw_tps:.2f}; in flight: engine "
                       f"{r['mean_in_flight']:.1f} ({r['at_cap']:.0%} at cap), dag "
-                      f"{dag['mean_in_flight']:.1f} ({dag['at_cap']:.0%} at cap)", flush=True)
+                      f"{dag['mean_in_flight']:.1f} ({dag['at_cap']:.0%} at cap); dag "
+                      f"by tenth {fmt(dag['profile'])}", flush=True)
 
 
 if __name__ == "__main__":
