@@ -118,7 +118,8 @@ def occupancy(samples: list[int], cap: int) -> dict:
 
 
 def tasks_alive(requests: list[dict], every: float = 0.25) -> list[int]:
-    """Tasks started and not yet finished, sampled like the sequences in flight."""
+    """Tasks not yet finished, sampled like the sequences in flight (every task
+    starts at once: the engine phase runs them all concurrently)."""
     ends: dict[int, float] = {}
     for r in requests:
         ends[r["task"]] = max(ends.get(r["task"], 0.0), r["end"])

@@ -245,7 +245,7 @@ def serve(
     compile_graph: bool = typer.Option(
         False, "--compile", help="run vLLM in its torch.compile mode instead of eager: "
         "1.1-1.2x the tokens/s on CPU, but the engine starts in about 50 s instead of "
-        "15 s (bench/compile_mode.py)"),
+        "about 13 s (bench/compile_mode.py)"),
 ) -> None:
     """Serve an OpenAI-compatible API with strategies selectable per request."""
     import signal
