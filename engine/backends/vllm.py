@@ -304,6 +304,7 @@ class VLLMBackend:
         if self.closed:
             return
         self.closed = True
+        await self._stop_output_handler()
         await asyncio.to_thread(self.engine.shutdown)
         await asyncio.to_thread(_reap, self.engine_procs)
         # AsyncLLM sits in reference cycles, so without this it is freed at interpreter
@@ -311,6 +312,21 @@ class VLLMBackend:
         # globals and prints a TypeError traceback after every clean exit.
         self.engine = None
         gc.collect()
+
+
+    async def _stop_output_handler(self) -> None:
+        """Cancel AsyncLLM's output task first when no request is waiting on it.
+
+        ``AsyncLLM.shutdown`` stops the engine core before it cancels that task; the
+        task, still reading from the core on this loop, can see the core go and log
+        "AsyncLLM output_handler failed ... EngineDeadError" with a traceback at a
+        clean exit. With requests in flight it must stay: its error is what wakes them.
+        """
+        handler = getattr(self.engine, "output_handler", None)
+        if handler is None or handler.done() or self.engine.get_num_unfinished_requests():
+            return
+        handler.cancel()
+        await asyncio.wait([handler])  # wait, not await: our own cancellation stays ours
 
 
 def _engine_processes(engine: Any) -> list[Any]:

@@ -7,7 +7,9 @@ the backend's side of it without starting vLLM.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import time
 import weakref
 
 import pytest
@@ -20,16 +22,39 @@ from engine.types import Message, SamplingParams
 class StandInEngine:
     """The few AsyncLLM attributes the backend touches; counts shutdown() calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, unfinished: int = 3) -> None:
         self.errored = False
         self.shutdowns = 0
+        self.unfinished = unfinished
         self.me = self  # a reference cycle, as AsyncLLM has: freed by gc, not refcount
 
     def shutdown(self) -> None:
         self.shutdowns += 1
 
     def get_num_unfinished_requests(self) -> int:
-        return 3
+        return self.unfinished
+
+
+class EngineWithOutputTask(StandInEngine):
+    """AsyncLLM's order: shutdown() stops the core (the output task, reading from it
+    on the event loop, sees it go and logs a failure), then cancels that task."""
+
+    def __init__(self, unfinished: int) -> None:
+        super().__init__(unfinished)
+        self.loop = asyncio.get_running_loop()
+        self.core_gone = asyncio.Event()
+        self.failures: list[str] = []
+        self.output_handler = self.loop.create_task(self.read_outputs())
+
+    async def read_outputs(self) -> None:
+        await self.core_gone.wait()
+        self.failures.append("AsyncLLM output_handler failed: EngineDeadError")
+
+    def shutdown(self) -> None:  # runs in a worker thread, as aclose() calls it
+        super().shutdown()
+        self.loop.call_soon_threadsafe(self.core_gone.set)
+        time.sleep(0.2)  # the core takes a moment to go; the loop runs meanwhile
+        self.loop.call_soon_threadsafe(self.output_handler.cancel)
 
 
 class StandInTokenizer:
@@ -63,3 +88,19 @@ async def test_the_engine_is_shut_down_exactly_once() -> None:
     await backend.aclose()
     gc.collect()
     assert engine.shutdowns == 1
+
+
+async def test_a_clean_close_stops_the_output_task_before_the_core() -> None:
+    engine = EngineWithOutputTask(unfinished=0)
+    await VLLMBackend(engine, StandInTokenizer(), "m", 4096, is_cpu=True).aclose()
+    assert engine.shutdowns == 1
+    assert engine.output_handler.cancelled()
+    assert engine.failures == []  # no "output_handler failed" traceback at a clean exit
+
+
+async def test_with_requests_in_flight_the_output_task_stays_to_fail_them() -> None:
+    engine = EngineWithOutputTask(unfinished=2)
+    await VLLMBackend(engine, StandInTokenizer(), "m", 4096, is_cpu=True).aclose()
+    await asyncio.sleep(0)
+    # Its error is what wakes the waiting requests, so it must see the core go.
+    assert engine.failures == ["AsyncLLM output_handler failed: EngineDeadError"]
