@@ -313,7 +313,6 @@ class VLLMBackend:
         self.engine = None
         gc.collect()
 
-
     async def _stop_output_handler(self) -> None:
         """Cancel AsyncLLM's output task first when no request is waiting on it.
 
