@@ -29,21 +29,16 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from engine.backends.vllm import VLLMConfig, all_cpus  # noqa: E402 (no vllm import)
-
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", all_cpus())
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Sets the same vLLM environment (KV cache, cores) as the strategy bench; no vllm import.
+from strategy_throughput import VLLMConfig, engine_kwargs  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper who counts ships."
 
 
 def measure(model: str, eager: bool, batches: list[int], max_tokens: int) -> None:
     """Subprocess: one engine, every batch size; prints one JSON line."""
-    from strategy_throughput import engine_kwargs
     from vllm import LLM, SamplingParams
 
     t0 = time.monotonic()
