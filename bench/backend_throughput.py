@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from engine.backends.vllm import all_cpus
+from refinery.engine.backends.vllm import all_cpus
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 # vLLM's own engines get the same cores as VLLMBackend.
@@ -29,8 +29,8 @@ PROMPT = "Write a short story about a robot who learns to paint, number {i}."
 
 
 def run_backend(n: int, max_tokens: int) -> dict:
-    from engine.backends.vllm import VLLMBackend
-    from engine.types import Message, SamplingParams
+    from refinery.engine.backends.vllm import VLLMBackend
+    from refinery.engine.types import Message, SamplingParams
 
     async def main() -> None:
         be = await VLLMBackend.create("smollm2-135m")
@@ -47,10 +47,9 @@ def run_backend(n: int, max_tokens: int) -> dict:
 
 
 def run_llm(n: int, max_tokens: int) -> dict:
+    from refinery.engine.backends.vllm import VLLMConfig
+    from refinery.engine.models import resolve_model
     from vllm import LLM, SamplingParams
-
-    from engine.backends.vllm import VLLMConfig
-    from engine.models import resolve_model
 
     cfg = VLLMConfig()
     llm = LLM(model=resolve_model("smollm2-135m"), max_model_len=cfg.max_model_len,

@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from engine.backends.vllm import all_cpus  # noqa: E402 (no vllm import)
+from refinery.engine.backends.vllm import all_cpus  # noqa: E402 (no vllm import)
 
 
 def one_run(bind: str, requests: int, max_tokens: int) -> float:

@@ -26,9 +26,9 @@ PROMPT = "Solve step by step, then write 'The answer is N.'\n\n{q}"
 
 
 async def main(a: argparse.Namespace) -> None:
-    from engine.backends.vllm import VLLMBackend
-    from engine.loops import CusumLoopDetector
-    from engine.types import Message, SamplingParams
+    from refinery.engine.backends.vllm import VLLMBackend
+    from refinery.engine.loops import CusumLoopDetector
+    from refinery.engine.types import Message, SamplingParams
 
     rows = [json.loads(x) for x in (GSM8K / "test.jsonl").read_text().splitlines()]
     msgs = [[Message(role="user", content=PROMPT.format(q=r["question"]))]

@@ -50,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.loops import CusumLoopDetector, LoopAlarm  # noqa: E402
+from refinery.engine.loops import CusumLoopDetector, LoopAlarm  # noqa: E402
 
 DATA = ROOT / "data" / "loops"
 GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
@@ -147,9 +147,8 @@ def gold_solutions(strip_notes: bool = False) -> list[str]:
 def token_chunker():
     """Split text into SmolLM2 token texts (falls back to word-sized chunks)."""
     try:
+        from refinery.engine.models import resolve_model
         from transformers import AutoTokenizer
-
-        from engine.models import resolve_model
 
         tok = AutoTokenizer.from_pretrained(resolve_model())
 
@@ -258,8 +257,8 @@ def calibrate(rows: list[dict], gold: list[str], min_precision: float = 0.95,
 
 async def e2e(held: list[dict], questions: list[str], max_tokens: int) -> None:
     """Held-out greedy prompts through the real backend, monitor off vs on."""
-    from engine.backends.vllm import VLLMBackend
-    from engine.types import Message, SamplingParams
+    from refinery.engine.backends.vllm import VLLMBackend
+    from refinery.engine.types import Message, SamplingParams
 
     sys.path.insert(0, str(ROOT / "scripts"))
     from make_loop_set import PROMPT, repeat_onset

@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verifiers.code import build_program  # noqa: E402
-from verifiers.sandbox import _DRIVER, Sandbox, SandboxConfig  # noqa: E402
+from refinery.verifiers.code import build_program  # noqa: E402
+from refinery.verifiers.sandbox import _DRIVER, Sandbox, SandboxConfig  # noqa: E402
 
 
 def _write(d: str, source: str) -> str:

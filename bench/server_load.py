@@ -23,8 +23,7 @@ from pathlib import Path
 
 import httpx
 import openai
-
-from engine.backends.vllm import all_cpus
+from refinery.engine.backends.vllm import all_cpus
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 # vLLM's own engines get the same cores as VLLMBackend.
@@ -47,7 +46,7 @@ class Server:
             cmd = [str(BIN / "refinery"), "serve", "--port", str(self.port), "--model", MODEL,
                    "--max-concurrent-requests", "256"]
         else:
-            from engine.models import resolve_model
+            from refinery.engine.models import resolve_model
 
             cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
                    resolve_model(MODEL), "--served-model-name", MODEL, "--port", str(self.port),

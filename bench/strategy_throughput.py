@@ -56,7 +56,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from engine.backends.vllm import VLLMConfig, all_cpus  # noqa: E402 (no vllm import)
+from refinery.engine.backends.vllm import VLLMConfig, all_cpus  # noqa: E402 (no vllm import)
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 # vLLM's own engines get the same cores as VLLMBackend.
@@ -67,7 +67,7 @@ DATA = Path("/work/shared/data/gsm8k/test.jsonl")
 
 
 def load_tasks(n: int) -> list:
-    from engine.types import Task
+    from refinery.engine.types import Task
 
     with DATA.open() as f:
         rows = [json.loads(line) for _, line in zip(range(n), f, strict=False)]
@@ -135,10 +135,11 @@ def fmt(profile: list[float]) -> str:
 
 
 async def engine_phase(args: argparse.Namespace) -> dict:
-    import strategies
-    from engine.backends.vllm import VLLMBackend
-    from engine.run import run, solve_one
-    from engine.types import Message, SamplingParams
+    from refinery.engine.backends.vllm import VLLMBackend
+    from refinery.engine.run import run, solve_one
+    from refinery.engine.types import Message, SamplingParams
+
+    from refinery import strategies
 
     tasks = load_tasks(args.tasks)
     params = SamplingParams(max_tokens=args.max_tokens)
@@ -186,7 +187,7 @@ async def engine_phase(args: argparse.Namespace) -> dict:
 
 def engine_kwargs(model: str, budget: int) -> dict:
     """The bare engines' settings: those of ``VLLMBackend`` (128 sequences, same budget)."""
-    from engine.models import resolve_model
+    from refinery.engine.models import resolve_model
 
     path, c = resolve_model(model), VLLMConfig()
     return {"model": path, "tokenizer": path, "max_model_len": c.max_model_len,

@@ -2,10 +2,10 @@
 
 Imports engine, verifiers, strategies and eval only (never serving or refinery).
 
-- :mod:`distill.dataset` selects SFT rows and preference pairs from eval runs;
-- :mod:`distill.schema` validates and writes them (TRL conversational formats);
-- :mod:`distill.train` runs LoRA SFT (+ DPO) on CPU and saves a merged checkpoint;
-- :mod:`distill.loop` repeats sample -> verify -> build -> train -> evaluate.
+- :mod:`refinery.distill.dataset` selects SFT rows and preference pairs from eval runs;
+- :mod:`refinery.distill.schema` validates and writes them (TRL conversational formats);
+- :mod:`refinery.distill.train` runs LoRA SFT (+ DPO) on CPU and saves a merged checkpoint;
+- :mod:`refinery.distill.loop` repeats sample -> verify -> build -> train -> evaluate.
 
 Example:
     >>> from distill import build, train
@@ -13,7 +13,7 @@ Example:
     >>> result = train("out/sft.jsonl", base="smollm2-135m", out="models/arith-r1")
 """
 
-from distill.dataset import (
+from refinery.distill.dataset import (
     SOLUTION_STEPS,
     BuildStats,
     Candidate,
@@ -24,8 +24,8 @@ from distill.dataset import (
     gold_sft_rows,
     load_candidates,
 )
-from distill.loop import LoopConfig, LoopReport, RoundReport, loop, read_report, run_loop
-from distill.schema import (
+from refinery.distill.loop import LoopConfig, LoopReport, RoundReport, loop, read_report, run_loop
+from refinery.distill.schema import (
     ChatMessage,
     DistillError,
     MessagesRow,
@@ -38,7 +38,7 @@ from distill.schema import (
     validate_sft_row,
     write_rows,
 )
-from distill.train import (
+from refinery.distill.train import (
     TRAIN_RECORD,
     TrainConfig,
     TrainResult,

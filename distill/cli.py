@@ -18,8 +18,7 @@ from enum import Enum
 
 import typer
 from pydantic import ValidationError
-
-from engine.errors import RefineryError
+from refinery.engine.errors import RefineryError
 
 __all__ = ["distill_app"]
 
@@ -60,12 +59,12 @@ def build_cmd(
         True, help="require a stated final answer (boxed, ####, 'the answer is')"),
 ) -> None:
     """Select verified solutions and preference pairs from eval runs (traces + results)."""
-    from distill.dataset import build
+    from refinery.distill.dataset import build
 
     if cot_instruction and instruction:
         _fail("pass either --cot-instruction or --instruction, not both")
     if cot_instruction:
-        from strategies.cot import INSTRUCTION
+        from refinery.strategies.cot import INSTRUCTION
         instruction = INSTRUCTION
     try:
         stats = build(runs, sft, pairs, instruction=instruction, sft_format=format.value,
@@ -108,7 +107,7 @@ def train_cmd(
     progress: bool = typer.Option(True, help="show progress bars"),
 ) -> None:
     """LoRA SFT (+ DPO with --pairs) on CPU, merged and saved as a plain HF checkpoint."""
-    from distill.train import train
+    from refinery.distill.train import train
 
     try:
         result = train(sft, base, out, pairs, max_steps=max_steps, epochs=epochs,
@@ -153,7 +152,7 @@ def loop_cmd(
 ) -> None:
     """Sample -> verify -> build -> train -> evaluate plain cot on held-out problems, R rounds."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    from distill.loop import loop
+    from refinery.distill.loop import loop
 
     train_opts = {"epochs": epochs, "batch_size": batch_size, "learning_rate": lr}
     if max_steps:
@@ -174,5 +173,5 @@ def loop_cmd(
     typer.echo(f"wrote {out}/loop.md and {out}/loop.json ({len(report.rounds)} round(s))")
 
 
-if __name__ == "__main__":  # python -m distill.cli ...
+if __name__ == "__main__":  # python -m refinery.distill.cli ...
     distill_app()

@@ -1,7 +1,7 @@
 """Traces -> training data: verified SFT rows and preference pairs (methods.md, "Distillation").
 
 Input is one or more eval run directories (``results.jsonl`` + ``traces.jsonl``,
-as :mod:`eval.runner` writes them). Every solution-writing generation in a
+as :mod:`refinery.eval.runner` writes them). Every solution-writing generation in a
 trace -- first drafts (``draft``), refinements (``refine``) and retries after a
 loop alarm (``loop_retry``), each sample of an ``n>1`` request separately -- is
 a *candidate*. Critiques, decompositions, judges, plans and votes are not.
@@ -15,7 +15,7 @@ Selection, in order:
    explicit final answer (``\\boxed{}``, ``####``, "the answer is") is
    *malformed* and dropped.
 2. **Verification.** With a gold answer (the run's ``results.jsonl``) each
-   candidate's extracted answer is checked with :func:`verifiers.math.is_equivalent`;
+   candidate's extracted answer is checked with :func:`refinery.verifiers.math.is_equivalent`;
    the candidate that is the run's final attempt keeps the runner's own verdict
    (``eval:<verifier>``). Runs on code datasets are verified by the runner only, so
    only their final attempts count. The gold is used for this check only: it
@@ -47,7 +47,7 @@ Selection, in order:
 The user turn is the original prompt (plus ``instruction``, if given, so the
 rows match the prompt the evaluation strategy will send); the assistant turn is
 the clean solution. Every row carries provenance in ``metadata`` and is
-validated by :mod:`distill.schema` when written.
+validated by :mod:`refinery.distill.schema` when written.
 
 Example:
     >>> stats = build(["runs/sc4-train"], "out/sft.jsonl", "out/pairs.jsonl")
@@ -67,8 +67,7 @@ from typing import Any
 
 import networkx as nx
 from pydantic import BaseModel, Field
-
-from distill.schema import (
+from refinery.distill.schema import (
     ChatMessage,
     DistillError,
     MessagesRow,
@@ -80,8 +79,8 @@ from distill.schema import (
     scaffold_leak,
     write_rows,
 )
-from engine.trace import Trace, read_traces
-from verifiers.math import extract_answer, extract_boxed, is_equivalent, normalize_answer
+from refinery.engine.trace import Trace, read_traces
+from refinery.verifiers.math import extract_answer, extract_boxed, is_equivalent, normalize_answer
 
 __all__ = [
     "SOLUTION_STEPS",
@@ -296,7 +295,7 @@ def _read_results(path: Path) -> dict[str, dict[str, Any]]:
 
 def _prompt_from_trace(trace: Trace) -> str | None:
     """The task question, from the first draft's request (minus cot's instruction)."""
-    from strategies.cot import INSTRUCTION
+    from refinery.strategies.cot import INSTRUCTION
 
     for e in trace.events:
         if e.kind == "generation" and e.step == "draft" and e.messages:
@@ -755,7 +754,7 @@ def arith_solution(prompt: str, steps: Sequence[str], gold: str) -> str | None:
 def gold_sft_rows(examples: Iterable[Any], *, instruction: str | None = None,
                   sft_format: SFTFormat = "messages", source: str = "gold",
                   weight: float = 1.0) -> list[MessagesRow | PromptCompletionRow]:
-    """SFT rows from reference solutions of ``arith`` examples (``eval.datasets.Example``).
+    """SFT rows from reference solutions of ``arith`` examples (``refinery.eval.datasets.Example``).
 
     Used only as a documented fallback when a model solves too few training problems
     to exercise the pipeline; rows say ``step="gold_solution"``, ``verifier="gold"``.

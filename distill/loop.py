@@ -5,10 +5,10 @@ Each round:
 1. **sample**: run the sampling strategy (e.g. ``sc(cot, n=4)``: n samples per
    problem, so there are correct and incorrect ones to learn from) with the
    current weights on ``train_size`` problems of the *train* split
-   (:func:`eval.runner.run_eval`, so traces, results and config are kept and a
+   (:func:`refinery.eval.runner.run_eval`, so traces, results and config are kept and a
    rerun resumes);
-2. **verify + build**: :func:`distill.dataset.build` (gold used for verification only);
-3. **train**: :func:`distill.train.train`, LoRA from the current weights, merged
+2. **verify + build**: :func:`refinery.distill.dataset.build` (gold used for verification only);
+3. **train**: :func:`refinery.distill.train.train`, LoRA from the current weights, merged
    into ``round-R/model`` (in a child process: its memory and threads go away
    with it, and a crash cannot take the loop down);
 4. **evaluate**: plain ``cot`` (no scaffold), greedy, on ``eval_size`` problems of
@@ -42,15 +42,14 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
-
-from distill.dataset import BuildStats, build, gold_sft_rows
-from distill.schema import DistillError, read_rows
-from distill.train import TRAIN_RECORD, TrainConfig, TrainResult, read_train_record
-from engine.backends.base import Backend
-from eval.datasets import Example, load_dataset
-from eval.metrics import Accuracy
-from eval.runner import EvalConfig, RunSummary, run_eval
-from strategies.cot import INSTRUCTION as COT_INSTRUCTION
+from refinery.distill.dataset import BuildStats, build, gold_sft_rows
+from refinery.distill.schema import DistillError, read_rows
+from refinery.distill.train import TRAIN_RECORD, TrainConfig, TrainResult, read_train_record
+from refinery.engine.backends.base import Backend
+from refinery.eval.datasets import Example, load_dataset
+from refinery.eval.metrics import Accuracy
+from refinery.eval.runner import EvalConfig, RunSummary, run_eval
+from refinery.strategies.cot import INSTRUCTION as COT_INSTRUCTION
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -60,7 +59,7 @@ __all__ = ["LoopConfig", "LoopReport", "RoundReport", "loop", "read_report", "ru
 class LoopConfig(BaseModel):
     """Settings of a distillation loop.
 
-    ``train`` holds :class:`~distill.train.TrainConfig` overrides (``max_steps``,
+    ``train`` holds :class:`~refinery.distill.train.TrainConfig` overrides (``max_steps``,
     ``batch_size``, ``learning_rate``, ...). ``gold_fallback_rows``: when the
     model's own verified data has fewer SFT rows than this, reference solutions
     of unsolved train problems fill the gap (``arith`` only; rows are marked
@@ -168,7 +167,7 @@ def _write_report(report: LoopReport, out: Path) -> None:
 
 
 async def _start(model: str) -> Backend:
-    from engine.backends.vllm import VLLMBackend
+    from refinery.engine.backends.vllm import VLLMBackend
 
     return await VLLMBackend.create(model)
 
@@ -178,7 +177,7 @@ async def _train(cfg: TrainConfig, workdir: Path, isolate: bool) -> TrainResult:
     if (model_dir / TRAIN_RECORD).is_file():  # a rerun of a round that finished training
         return read_train_record(model_dir)
     if not isolate:
-        from distill.train import train
+        from refinery.distill.train import train
 
         opts = cfg.model_dump(exclude={"sft_path", "base", "out", "pairs_path"})
         return await asyncio.to_thread(train, cfg.sft_path, cfg.base, cfg.out, cfg.pairs_path,
@@ -188,10 +187,10 @@ async def _train(cfg: TrainConfig, workdir: Path, isolate: bool) -> TrainResult:
     # The child must import this checkout even when it is not installed.
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
-    # `-c`, not `-m distill.train`: the package __init__ imports distill.train, and runpy
-    # warns when the module it runs is already imported.
+    # `-c`, not `-m refinery.distill.train`: the package __init__ imports
+    # refinery.distill.train, and runpy warns when the module it runs is already imported.
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", "import sys; from distill.train import main; "
+        sys.executable, "-c", "import sys; from refinery.distill.train import main; "
         "sys.exit(main(sys.argv[1:]))", str(cfg_path), env=env)
     rc = await proc.wait()
     if rc != 0:

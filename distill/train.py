@@ -1,7 +1,7 @@
 """LoRA fine-tuning on distilled rows (TRL + peft, CPU), merged into a plain HF checkpoint.
 
 SFT with TRL's ``SFTTrainer`` and a peft LoRA (r=16, all linear layers) on the
-base checkpoint (``engine.models.resolve_model``: a registered name such as
+base checkpoint (``refinery.engine.models.resolve_model``: a registered name such as
 ``smollm2-135m``, or a local checkpoint directory, e.g. the previous round of
 the loop); then, when preference rows are given, DPO with ``DPOTrainer`` and a
 fresh LoRA on the SFT-merged model (its reference is that same model with the
@@ -52,8 +52,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
-
-from distill.schema import DistillError, MessagesRow, PairRow, read_rows
+from refinery.distill.schema import DistillError, MessagesRow, PairRow, read_rows
 
 __all__ = ["TRAIN_RECORD", "TrainConfig", "TrainResult", "default_threads", "expand_weights",
            "read_train_record", "train"]
@@ -241,7 +240,7 @@ def train(sft_path: str | os.PathLike[str], base: str = "smollm2-135m",
     pair_rows = read_rows(cfg.pairs_path, "pair") if cfg.pairs_path else []
     _check_out(out_p, cfg.overwrite)
 
-    from engine.models import resolve_model
+    from refinery.engine.models import resolve_model
 
     base_dir = resolve_model(cfg.base)
 

@@ -33,12 +33,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
-
-from engine.backends.base import Backend
-from engine.errors import BudgetExhausted
-from engine.loops import LoopDetector
-from engine.trace import StepKind, Trace, TraceEvent
-from engine.types import Completion, Message, SamplingParams, Task, Usage
+from refinery.engine.backends.base import Backend
+from refinery.engine.errors import BudgetExhausted
+from refinery.engine.loops import LoopDetector
+from refinery.engine.trace import StepKind, Trace, TraceEvent
+from refinery.engine.types import Completion, Message, SamplingParams, Task, Usage
 
 LoopPolicy = Literal["off", "truncate", "retry"]
 LOOP_NUDGE = "That went in circles. Stop repeating yourself and try a different approach."

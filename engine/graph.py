@@ -12,7 +12,7 @@ The engine does not import ``strategies``: the registry is an argument, any mapp
 ``strategies`` package passes its own).
 
 Example:
-    >>> from strategies.registry import REGISTRY
+    >>> from refinery.strategies.registry import REGISTRY
     >>> strategy, g = build_strategy("sc(cot, n=4)", REGISTRY)
     >>> worst_case_calls(g), to_spec(g)
     (1, 'sc(cot, n=4)')
@@ -30,8 +30,7 @@ from typing import Any, Protocol, get_args, get_origin
 
 import networkx as nx
 from pydantic import BaseModel, ValidationError
-
-from engine.errors import BudgetError, SpecError
+from refinery.engine.errors import BudgetError, SpecError
 
 MAX_SPEC_CHARS = 2000
 DEFAULT_MAX_CALLS = 2000

@@ -11,7 +11,7 @@ writes to a temporary sibling directory and renames it into place, so a crash
 mid-way never leaves a half model that a later run would load.
 
 Example:
-    >>> from engine.models import resolve_model
+    >>> from refinery.engine.models import resolve_model
     >>> path = resolve_model("smollm2-135m")  # converts on first use
 """
 
@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import UnknownModelError
+from refinery.engine.errors import UnknownModelError
 
 DEFAULT_MODEL = "smollm2-135m"
 

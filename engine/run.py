@@ -16,12 +16,12 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
-from engine.backends.base import Backend
-from engine.context import Budget, Context, LoopPolicy
-from engine.errors import BudgetExhausted, RefineryError
-from engine.loops import LoopDetector
-from engine.trace import Trace, TraceWriter
-from engine.types import Attempt, SamplingParams, Task
+from refinery.engine.backends.base import Backend
+from refinery.engine.context import Budget, Context, LoopPolicy
+from refinery.engine.errors import BudgetExhausted, RefineryError
+from refinery.engine.loops import LoopDetector
+from refinery.engine.trace import Trace, TraceWriter
+from refinery.engine.types import Attempt, SamplingParams, Task
 
 
 class Solver(Protocol):

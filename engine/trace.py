@@ -6,7 +6,7 @@ written whole with a single ``write`` of a complete line and an fsync. A kill
 in the middle of that write can leave at most an unterminated last line:
 ``read_traces`` skips it and the next ``TraceWriter`` on the file cuts it off
 before appending, so no line in the middle of a file is ever torn. A write
-that fails (disk full) raises :class:`~engine.errors.StorageError` naming the
+that fails (disk full) raises :class:`~refinery.engine.errors.StorageError` naming the
 file; the partial bytes are removed, not left behind.
 
 Example:
@@ -32,9 +32,8 @@ from typing import Any, Literal
 
 import networkx as nx
 from pydantic import BaseModel, Field
-
-from engine.errors import StorageError
-from engine.types import Attempt, Completion, Message, Usage
+from refinery.engine.errors import StorageError
+from refinery.engine.types import Attempt, Completion, Message, Usage
 
 EventKind = Literal["generation", "step", "verdict", "error"]
 StepKind = Literal["draft", "critique", "decompose", "resolve", "refine", "plan",
@@ -227,7 +226,7 @@ class TraceWriter:
 
     Creating a writer cuts a torn last line left by a killed writer (one
     process writes a file at a time; concurrent tasks of that process are
-    serialised here). Raises :class:`~engine.errors.StorageError` (an
+    serialised here). Raises :class:`~refinery.engine.errors.StorageError` (an
     ``OSError``, e.g. ENOSPC) loudly rather than dropping a trace.
     """
 

@@ -4,7 +4,7 @@ Everything that crosses a package boundary is a pydantic model defined here, so
 the server, the eval runner and distillation all agree on one shape.
 
 Example:
-    >>> from engine.types import Message, SamplingParams
+    >>> from refinery.engine.types import Message, SamplingParams
     >>> msgs = [Message(role="user", content="What is 2+2?")]
     >>> SamplingParams(temperature=0.0, max_tokens=32).n
     1

@@ -9,7 +9,7 @@ Example:
     >>> write_report(["runs/cot-arith"], "docs", name="arith")
 """
 
-from eval.datasets import (
+from refinery.eval.datasets import (
     DATASETS,
     DatasetError,
     Example,
@@ -22,7 +22,7 @@ from eval.datasets import (
     load_math500,
     parse_fields,
 )
-from eval.metrics import (
+from refinery.eval.metrics import (
     Accuracy,
     CostSummary,
     Score,
@@ -35,8 +35,8 @@ from eval.metrics import (
     pass_at_k,
     wilson_interval,
 )
-from eval.report import ReportFiles, RunReport, load_run, pareto_front, write_report
-from eval.runner import (
+from refinery.eval.report import ReportFiles, RunReport, load_run, pareto_front, write_report
+from refinery.eval.runner import (
     ConfigMismatchError,
     EvalConfig,
     RunAborted,

@@ -17,8 +17,7 @@ from enum import Enum
 
 import typer
 from pydantic import ValidationError
-
-from engine.errors import RefineryError
+from refinery.engine.errors import RefineryError
 
 __all__ = ["eval_app"]
 
@@ -78,8 +77,8 @@ def run_cmd(
     """Run STRATEGY on DATASET; one result line per problem in OUT/results.jsonl."""
     # vLLM logs every engine detail; a benchmark user wants the progress bar.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    from eval.datasets import parse_fields
-    from eval.runner import EvalConfig, run_eval
+    from refinery.eval.datasets import parse_fields
+    from refinery.eval.runner import EvalConfig, run_eval
 
     try:
         config = EvalConfig(
@@ -115,7 +114,7 @@ def report_cmd(
     title: str = typer.Option(None, help="heading of the markdown file"),
 ) -> None:
     """Compare runs: a markdown table (accuracy ± CI, tokens, calls, wall) and PNG plots."""
-    from eval.report import write_report
+    from refinery.eval.report import write_report
 
     try:
         files = write_report(runs, out, name=name, title=title)

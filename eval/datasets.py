@@ -4,7 +4,7 @@ Every loader returns the same type: an id, the prompt a strategy sees, the gold
 answer, the name of the verifier that scores it, an optional difficulty level,
 ``metadata`` a strategy may see and ``private`` facts only the scorer sees
 (GSM8K's reference solution, HumanEval's hidden tests). :meth:`Example.to_task`
-builds the engine :class:`~engine.types.Task` without either of the latter.
+builds the engine :class:`~refinery.engine.types.Task` without either of the latter.
 
 ``arith`` is a seeded generator of arithmetic word problems in five levels of
 difficulty, so that a 135M model has a benchmark it can move on; its train and
@@ -29,9 +29,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
-
-from engine.errors import InvalidRequestError
-from engine.types import Task
+from refinery.engine.errors import InvalidRequestError
+from refinery.engine.types import Task
 
 __all__ = [
     "DATASETS",
@@ -226,7 +225,7 @@ def load_math500(split: Split = "test", *, limit: int | None = None,
     path = _local_file("REFINERY_MATH500", SHARED_DATA / "math500", split, data_path)
     rows = (list(r for _, r in _read_jsonl(path)) if path is not None
             else _from_hub(MATH500_HUB, split, "REFINERY_MATH500"))
-    from verifiers.math import extract_boxed
+    from refinery.verifiers.math import extract_boxed
 
     out = []
     for i, r in enumerate(rows):

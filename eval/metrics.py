@@ -19,11 +19,10 @@ from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, Field
-
-from eval.datasets import Example
-from verifiers.base import Verdict, Verifier, get_verifier
-from verifiers.code import extract_code
-from verifiers.math import (
+from refinery.eval.datasets import Example
+from refinery.verifiers.base import Verdict, Verifier, get_verifier
+from refinery.verifiers.code import extract_code
+from refinery.verifiers.math import (
     extract_answer,
     extract_gsm8k_flexible,
     extract_gsm8k_strict,

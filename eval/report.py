@@ -21,10 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
-
-from engine.errors import InvalidRequestError
-from eval.metrics import Accuracy, CostSummary, accuracy, cost_summary
-from eval.runner import CONFIG, RESULTS, read_results
+from refinery.engine.errors import InvalidRequestError
+from refinery.eval.metrics import Accuracy, CostSummary, accuracy, cost_summary
+from refinery.eval.runner import CONFIG, RESULTS, read_results
 
 __all__ = [
     "ReportFiles",

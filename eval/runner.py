@@ -7,9 +7,9 @@ A run directory holds:
   code version), written once, atomically;
 - ``results.jsonl``: one line per finished problem, each written whole (a single
   ``os.write`` of a complete line with ``O_APPEND``, then ``fsync``; a write that
-  fails, e.g. a full disk, raises :class:`~engine.errors.StorageError` naming the
+  fails, e.g. a full disk, raises :class:`~refinery.engine.errors.StorageError` naming the
   file and the run stops: a finished result is never dropped silently);
-- ``traces.jsonl``: one engine trace per finished problem (``engine.trace.TraceWriter``).
+- ``traces.jsonl``: one engine trace per finished problem (``refinery.engine.trace.TraceWriter``).
 
 Rerunning the same command continues where the last one stopped: a torn last
 line is cut off the file, problems already in ``results.jsonl`` are skipped,
@@ -46,17 +46,16 @@ from typing import Any, Literal
 
 import networkx as nx
 from pydantic import BaseModel, Field
-
-from engine.backends.base import Backend
-from engine.context import Budget, Context, LoopPolicy
-from engine.errors import InvalidRequestError, RefineryError, StorageError
-from engine.graph import non_default, to_mermaid, to_spec
-from engine.loops import CusumLoopDetector
-from engine.run import iter_run
-from engine.trace import Trace, TraceWriter, append_whole_line
-from engine.types import Attempt, SamplingParams, Task
-from eval.datasets import REPO, Example, Split, dataset_fingerprint, load_dataset
-from eval.metrics import Accuracy, CostSummary, Scorer, accuracy, cost_summary
+from refinery.engine.backends.base import Backend
+from refinery.engine.context import Budget, Context, LoopPolicy
+from refinery.engine.errors import InvalidRequestError, RefineryError, StorageError
+from refinery.engine.graph import non_default, to_mermaid, to_spec
+from refinery.engine.loops import CusumLoopDetector
+from refinery.engine.run import iter_run
+from refinery.engine.trace import Trace, TraceWriter, append_whole_line
+from refinery.engine.types import Attempt, SamplingParams, Task
+from refinery.eval.datasets import REPO, Example, Split, dataset_fingerprint, load_dataset
+from refinery.eval.metrics import Accuracy, CostSummary, Scorer, accuracy, cost_summary
 
 __all__ = [
     "RESULTS",
@@ -317,7 +316,7 @@ def build_strategy(spec: str) -> tuple[Any, nx.DiGraph]:
     Raises:
         SpecError, BudgetError: a bad spec.
     """
-    import strategies
+    from refinery import strategies
 
     return strategies.build_with_graph(spec)
 
@@ -325,14 +324,14 @@ def build_strategy(spec: str) -> tuple[Any, nx.DiGraph]:
 async def make_backend(config: EvalConfig) -> Backend:
     """The backend a config names: in-process vLLM, or an OpenAI-compatible server."""
     if config.backend == "openai":
-        from engine.backends.openai import OpenAIBackend
+        from refinery.engine.backends.openai import OpenAIBackend
 
         if not config.base_url:
             raise InvalidRequestError("--backend openai needs --base-url", param="base_url")
         return OpenAIBackend(config.model, config.base_url,
                              api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
                              max_concurrency=config.concurrency)
-    from engine.backends.vllm import VLLMBackend
+    from refinery.engine.backends.vllm import VLLMBackend
 
     return await VLLMBackend.create(config.model)
 

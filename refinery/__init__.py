@@ -3,12 +3,12 @@
 The face of the project: re-exports the public API of the packages below it.
 """
 
-from engine.backends.base import Backend
-from engine.context import Budget, Context
-from engine.errors import RefineryError
-from engine.run import run, solve_one
-from engine.trace import Trace, TraceWriter, read_traces
-from engine.types import Attempt, Completion, Message, SamplingParams, Task, Usage
+from refinery.engine.backends.base import Backend
+from refinery.engine.context import Budget, Context
+from refinery.engine.errors import RefineryError
+from refinery.engine.run import run, solve_one
+from refinery.engine.trace import Trace, TraceWriter, read_traces
+from refinery.engine.types import Attempt, Completion, Message, SamplingParams, Task, Usage
 
 __all__ = [
     "Attempt", "Backend", "Budget", "Completion", "Context", "Message", "RefineryError",

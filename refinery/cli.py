@@ -10,7 +10,7 @@ from enum import Enum
 
 import typer
 
-from engine.errors import RefineryError
+from refinery.engine.errors import RefineryError
 
 # vLLM logs every engine detail to stdout; a CLI user wants the answer.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -36,13 +36,13 @@ async def make_backend(model: str, backend: BackendKind, base_url: list[str] | N
     ``compile_graph`` runs vLLM in its torch.compile mode instead of eager.
     """
     if backend == BackendKind.openai:
-        from engine.backends.openai import OpenAIBackend
+        from refinery.engine.backends.openai import OpenAIBackend
 
         if not base_url:
             raise typer.BadParameter("--backend openai needs --base-url", param_hint="--base-url")
         return OpenAIBackend(model, base_url,
                              api_key=api_key or os.environ.get("OPENAI_API_KEY", "EMPTY"))
-    from engine.backends.vllm import VLLMBackend, VLLMConfig
+    from refinery.engine.backends.vllm import VLLMBackend, VLLMConfig
 
     return await VLLMBackend.create(model, VLLMConfig(enforce_eager=not compile_graph))
 
@@ -50,7 +50,7 @@ async def make_backend(model: str, backend: BackendKind, base_url: list[str] | N
 @app.command("model-path")
 def model_path(model: str = typer.Argument("smollm2-135m")) -> None:
     """Resolve MODEL (converting the embedded model on first use) and print its path."""
-    from engine.models import resolve_model
+    from refinery.engine.models import resolve_model
 
     try:
         typer.echo(resolve_model(model))
@@ -70,7 +70,7 @@ def generate(
     stream: bool = typer.Option(False, help="print tokens as they arrive"),
 ) -> None:
     """Print a completion of PROMPT from the model (no strategy)."""
-    from engine.types import Message, SamplingParams
+    from refinery.engine.types import Message, SamplingParams
 
     async def main() -> None:
         be = await make_backend(model, backend, base_url)
@@ -112,15 +112,15 @@ def solve(
     loop_policy: str = typer.Option("retry", help="off | truncate | retry"),
 ) -> None:
     """Solve QUESTION with a strategy; print the answer and a one-line summary."""
-    from engine.context import Budget
-    from engine.loops import CusumLoopDetector
-    from engine.run import solve_one
-    from engine.trace import TraceWriter
-    from engine.types import SamplingParams, Task
-    from strategies import build_with_graph
+    from refinery.engine.context import Budget
+    from refinery.engine.loops import CusumLoopDetector
+    from refinery.engine.run import solve_one
+    from refinery.engine.trace import TraceWriter
+    from refinery.engine.types import SamplingParams, Task
+    from refinery.strategies import build_with_graph
 
     async def main() -> None:
-        from engine.graph import to_spec
+        from refinery.engine.graph import to_spec
 
         strat, graph = build_with_graph(strategy)
         be = await make_backend(model, backend, base_url)
@@ -157,8 +157,8 @@ def _print_error(msg: str) -> int:
 @app.command()
 def graph(spec: str, max_calls: int = typer.Option(2000, help="refuse specs above this")) -> None:
     """Validate SPEC, print it as mermaid text and its worst-case call count."""
-    from engine.graph import to_mermaid, to_spec, worst_case_calls
-    from strategies import build_with_graph
+    from refinery.engine.graph import to_mermaid, to_spec, worst_case_calls
+    from refinery.strategies import build_with_graph
 
     try:
         _, g = build_with_graph(spec, max_calls=max_calls)
@@ -173,7 +173,7 @@ def graph(spec: str, max_calls: int = typer.Option(2000, help="refuse specs abov
 @app.command("strategies")
 def list_strategies() -> None:
     """List the strategies with their parameters and defaults."""
-    from strategies import describe
+    from refinery.strategies import describe
 
     for entry in describe():
         alias = f" (aliases: {', '.join(entry['aliases'])})" if entry["aliases"] else ""
@@ -192,7 +192,7 @@ app.add_typer(trace_app, name="trace")
 def trace_show(path: str, task: str = typer.Option(None, help="only this task id"),
                width: int = typer.Option(120)) -> None:
     """Print each task's provenance tree from a trace JSONL file."""
-    from engine.trace import read_traces
+    from refinery.engine.trace import read_traces
 
     try:
         traces = read_traces(path)
@@ -252,7 +252,7 @@ def serve(
 
     import uvicorn
 
-    from serving import ServerConfig, create_app, load_api_keys
+    from refinery.serving import ServerConfig, create_app, load_api_keys
 
     config = ServerConfig(model=model, default_strategy=default_strategy,
                           api_keys=load_api_keys(api_key_file),
@@ -284,16 +284,16 @@ def serve(
 
 
 def _mount_subcommands() -> None:
-    from verifiers.cli import check_app
+    from refinery.verifiers.cli import check_app
 
     app.add_typer(check_app, name="check", help="Check an answer or a program.")
     try:
-        from eval.cli import eval_app
+        from refinery.eval.cli import eval_app
     except ImportError:  # pragma: no cover - eval extras missing
         return
     app.add_typer(eval_app, name="eval", help="Run and report benchmark evaluations.")
     try:
-        from distill.cli import distill_app
+        from refinery.distill.cli import distill_app
     except ImportError:  # pragma: no cover - train extras missing
         return
     app.add_typer(distill_app, name="distill", help="Traces to datasets, LoRA training, loop.")

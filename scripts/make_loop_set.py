@@ -217,8 +217,8 @@ def select_prompts(n_prompts: int, source: Path = GSM8K) -> list[tuple[int, str]
 def generate(n_prompts: int, max_tokens: int, temperature: float,
              source: Path = GSM8K) -> list[dict]:
     sys.path.insert(0, str(ROOT))
-    from engine.backends.vllm import all_cpus
-    from engine.models import resolve_model
+    from refinery.engine.backends.vllm import all_cpus
+    from refinery.engine.models import resolve_model
 
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
     # every core computes, as in VLLMBackend (vLLM's "auto" keeps one for its scheduler)

@@ -18,13 +18,11 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from engine.backends.base import Backend
-from engine.errors import AuthenticationError, OverCapacityError, RefineryError
-from serving.config import ServerConfig
-from serving.metrics import Metrics
-from serving.protocol import (
+from refinery.engine.backends.base import Backend
+from refinery.engine.errors import AuthenticationError, OverCapacityError, RefineryError
+from refinery.serving.config import ServerConfig
+from refinery.serving.metrics import Metrics
+from refinery.serving.protocol import (
     ChatChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -38,8 +36,9 @@ from serving.protocol import (
     ResponseMessage,
     new_id,
 )
-from serving.service import Outcome, Prepared, Service, loop_alarms, trace_summary
-from serving.streaming import chat_chunks, completion_chunks, sse, usage_info
+from refinery.serving.service import Outcome, Prepared, Service, loop_alarms, trace_summary
+from refinery.serving.streaming import chat_chunks, completion_chunks, sse, usage_info
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 BackendFactory = Callable[[], Awaitable[Backend]]
@@ -338,8 +337,8 @@ def create_app(config: ServerConfig | None = None, *, backend: Backend | None = 
 
     @app.get("/v1/models", dependencies=[Depends(authorize)], responses=ERRORS)
     async def models() -> ModelList:
-        from engine.graph import worst_case_calls
-        from strategies import build_with_graph
+        from refinery.engine.graph import worst_case_calls
+        from refinery.strategies import build_with_graph
 
         cards = [ModelCard(id=config.model)]
         for name, spec in config.presets.items():

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.backends.base import Backend
-from engine.context import Budget, Context, TextSink
-from engine.errors import (
+from refinery.engine.backends.base import Backend
+from refinery.engine.context import Budget, Context, TextSink
+from refinery.engine.errors import (
     BackendUnavailableError,
     BudgetError,
     BudgetExhausted,
@@ -31,13 +31,13 @@ from engine.errors import (
     SpecError,
     UnknownModelError,
 )
-from engine.graph import MAX_SPEC_CHARS, to_spec
-from engine.loops import CusumLoopDetector
-from engine.trace import Trace, TraceEvent
-from engine.types import Attempt, Message, SamplingParams, Task, Usage
-from serving.config import ServerConfig
-from serving.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
-from strategies import build_with_graph
+from refinery.engine.graph import MAX_SPEC_CHARS, to_spec
+from refinery.engine.loops import CusumLoopDetector
+from refinery.engine.trace import Trace, TraceEvent
+from refinery.engine.types import Attempt, Message, SamplingParams, Task, Usage
+from refinery.serving.config import ServerConfig
+from refinery.serving.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from refinery.strategies import build_with_graph
 
 
 class Passthrough:

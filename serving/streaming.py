@@ -20,10 +20,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import BaseModel
-
-from engine.errors import RefineryError
-from engine.trace import TraceEvent
-from serving.protocol import (
+from refinery.engine.errors import RefineryError
+from refinery.engine.trace import TraceEvent
+from refinery.serving.protocol import (
     ChatCompletionChunk,
     ChunkChoice,
     CompletionChoice,
@@ -32,7 +31,7 @@ from serving.protocol import (
     RefineryInfo,
     UsageInfo,
 )
-from serving.service import Outcome, Prepared, Service
+from refinery.serving.service import Outcome, Prepared, Service
 
 log = logging.getLogger(__name__)
 REASONING_CHARS = 2000

@@ -6,17 +6,17 @@ Example:
     >>> attempt = await s.solve(task, ctx)
 """
 
-from strategies.base import LoopStrategy, Scored, Strategy, StrategyParams
-from strategies.best_of_n import BestOfN
-from strategies.cot import CoT
-from strategies.critique_refine import CritiqueRefine
-from strategies.dei import DEI
-from strategies.registry import REGISTRY, Entry, build, build_with_graph, describe
-from strategies.sage import SAGE
-from strategies.self_consistency import SelfConsistency
-from strategies.ssr import SSR
-from strategies.ssr_ada import SSRAda
-from strategies.ssr_plan import SSRPlan
+from refinery.strategies.base import LoopStrategy, Scored, Strategy, StrategyParams
+from refinery.strategies.best_of_n import BestOfN
+from refinery.strategies.cot import CoT
+from refinery.strategies.critique_refine import CritiqueRefine
+from refinery.strategies.dei import DEI
+from refinery.strategies.registry import REGISTRY, Entry, build, build_with_graph, describe
+from refinery.strategies.sage import SAGE
+from refinery.strategies.self_consistency import SelfConsistency
+from refinery.strategies.ssr import SSR
+from refinery.strategies.ssr_ada import SSRAda
+from refinery.strategies.ssr_plan import SSRPlan
 
 __all__ = [
     "DEI",

@@ -27,12 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
-
-from engine.context import Context
-from engine.errors import BudgetExhausted, RefineryError, SpecError
-from engine.graph import ChildCost, format_call, non_default, validate_params
-from engine.types import Attempt, Completion, Message, Task
-from verifiers.math import extract_answer
+from refinery.engine.context import Context
+from refinery.engine.errors import BudgetExhausted, RefineryError, SpecError
+from refinery.engine.graph import ChildCost, format_call, non_default, validate_params
+from refinery.engine.types import Attempt, Completion, Message, Task
+from refinery.verifiers.math import extract_answer
 
 
 class StrategyParams(BaseModel):
@@ -58,7 +57,7 @@ class Strategy:
     def __init__(self, *inner: Strategy, **params: Any) -> None:
         if not inner and self.default_inner:
             # Imported here: the registry imports every strategy module.
-            from strategies.registry import build
+            from refinery.strategies.registry import build
             inner = tuple(build(spec, max_calls=None) for spec in self.default_inner)
         lo, hi = self.min_inner, self.max_inner
         if len(inner) < lo or (hi is not None and len(inner) > hi):

@@ -7,14 +7,13 @@ from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field
-
-from engine.context import Context
-from engine.errors import BudgetExhausted, RefineryError
-from engine.graph import ChildCost
-from engine.types import Attempt, Message, Task
-from strategies.base import LoopStrategy, Scored, StrategyParams, gather_attempts, partial
-from strategies.cot import CoT
-from verifiers.judge import parse_score
+from refinery.engine.context import Context
+from refinery.engine.errors import BudgetExhausted, RefineryError
+from refinery.engine.graph import ChildCost
+from refinery.engine.types import Attempt, Message, Task
+from refinery.strategies.base import LoopStrategy, Scored, StrategyParams, gather_attempts, partial
+from refinery.strategies.cot import CoT
+from refinery.verifiers.judge import parse_score
 
 JUDGE = """You are grading a solution to a problem.
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pydantic import Field
-
-from engine.context import Context
-from engine.trace import StepKind
-from engine.types import Attempt, Message, Task
-from strategies.base import Strategy, StrategyParams, attempt_from, with_question
+from refinery.engine.context import Context
+from refinery.engine.trace import StepKind
+from refinery.engine.types import Attempt, Message, Task
+from refinery.strategies.base import Strategy, StrategyParams, attempt_from, with_question
 
 INSTRUCTION = ("Work through the problem step by step, then write the final answer as "
                "\\boxed{...}.")

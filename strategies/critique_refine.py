@@ -6,12 +6,11 @@ import re
 from collections.abc import Sequence
 
 from pydantic import Field
-
-from engine.context import Context
-from engine.graph import ChildCost
-from engine.types import Attempt, Message, Task
-from strategies.base import LoopStrategy, Scored, StrategyParams, attempt_from
-from strategies.parsing import after
+from refinery.engine.context import Context
+from refinery.engine.graph import ChildCost
+from refinery.engine.types import Attempt, Message, Task
+from refinery.strategies.base import LoopStrategy, Scored, StrategyParams, attempt_from
+from refinery.strategies.parsing import after
 
 DIMENSIONS = ("correctness", "completeness", "reasoning validity", "format")
 NEUTRAL = 2.5  # an unreadable dimension score, as in the released code

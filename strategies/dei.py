@@ -7,14 +7,13 @@ from collections import Counter
 from collections.abc import Sequence
 
 from pydantic import Field
-
-from engine.context import Context
-from engine.errors import BudgetExhausted
-from engine.graph import ChildCost
-from engine.types import Attempt, Message, Task
-from strategies.base import LoopStrategy, Scored, StrategyParams, gather_attempts, partial
-from verifiers.judge import parse_score
-from verifiers.math import normalize_answer
+from refinery.engine.context import Context
+from refinery.engine.errors import BudgetExhausted
+from refinery.engine.graph import ChildCost
+from refinery.engine.types import Attempt, Message, Task
+from refinery.strategies.base import LoopStrategy, Scored, StrategyParams, gather_attempts, partial
+from refinery.verifiers.judge import parse_score
+from refinery.verifiers.math import normalize_answer
 
 REVIEW = """You are on a review committee judging one candidate solution.
 

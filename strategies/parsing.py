@@ -1,4 +1,6 @@
-"""Tolerant parsers for model output: tags and JSON (scores: ``verifiers.judge.parse_score``).
+"""Tolerant parsers for model output: tags and JSON.
+
+Scores are parsed by ``refinery.verifiers.judge.parse_score``.
 
 Small models write garbage: every parser here returns ``None`` (or raises
 ``ValueError`` with a message worth showing the model, for JSON) instead of

@@ -1,4 +1,4 @@
-"""The strategy registry: name (and aliases) -> entry, as ``engine.graph`` expects.
+"""The strategy registry: name (and aliases) -> entry, as ``refinery.engine.graph`` expects.
 
 Each entry exposes the class, its Params model, how many inner strategies it
 takes (positional arguments in a spec), its default inner strategies, and its
@@ -22,18 +22,17 @@ from typing import Any
 
 import networkx as nx
 from pydantic import BaseModel
-
-from engine.graph import DEFAULT_MAX_CALLS, ChildCost, build_strategy, type_name
-from strategies.base import Strategy
-from strategies.best_of_n import BestOfN
-from strategies.cot import CoT
-from strategies.critique_refine import CritiqueRefine
-from strategies.dei import DEI
-from strategies.sage import SAGE
-from strategies.self_consistency import SelfConsistency
-from strategies.ssr import SSR
-from strategies.ssr_ada import SSRAda
-from strategies.ssr_plan import SSRPlan
+from refinery.engine.graph import DEFAULT_MAX_CALLS, ChildCost, build_strategy, type_name
+from refinery.strategies.base import Strategy
+from refinery.strategies.best_of_n import BestOfN
+from refinery.strategies.cot import CoT
+from refinery.strategies.critique_refine import CritiqueRefine
+from refinery.strategies.dei import DEI
+from refinery.strategies.sage import SAGE
+from refinery.strategies.self_consistency import SelfConsistency
+from refinery.strategies.ssr import SSR
+from refinery.strategies.ssr_ada import SSRAda
+from refinery.strategies.ssr_plan import SSRPlan
 
 
 @dataclass(frozen=True)

@@ -6,11 +6,10 @@ import re
 from collections.abc import Sequence
 
 from pydantic import Field
-
-from engine.context import Context
-from engine.graph import ChildCost
-from engine.types import Attempt, Message, Task
-from strategies.base import LoopStrategy, Scored, StrategyParams, with_note
+from refinery.engine.context import Context
+from refinery.engine.graph import ChildCost
+from refinery.engine.types import Attempt, Message, Task
+from refinery.strategies.base import LoopStrategy, Scored, StrategyParams, with_note
 
 ABSTRACT = """Here is a problem and one attempt at it.
 

@@ -6,13 +6,12 @@ import math
 from collections.abc import Sequence
 
 from pydantic import Field
-
-from engine.context import Context
-from engine.graph import ChildCost
-from engine.types import Attempt, Task
-from strategies.base import LoopStrategy, Scored, StrategyParams, gather_attempts
-from strategies.cot import CoT
-from verifiers.math import normalize_answer
+from refinery.engine.context import Context
+from refinery.engine.graph import ChildCost
+from refinery.engine.types import Attempt, Task
+from refinery.strategies.base import LoopStrategy, Scored, StrategyParams, gather_attempts
+from refinery.strategies.cot import CoT
+from refinery.verifiers.math import normalize_answer
 
 
 def mean_logprob(attempt: Attempt) -> float | None:

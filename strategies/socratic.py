@@ -17,12 +17,12 @@ import re
 from collections import Counter
 from typing import Any
 
-from engine.context import Context
-from engine.types import Attempt, Message, Task
-from strategies.base import Scored, attempt_from, dedupe
-from strategies.parsing import after, parse_json_object, tag
-from verifiers.judge import parse_score
-from verifiers.math import extract_answer, is_equivalent, normalize_answer
+from refinery.engine.context import Context
+from refinery.engine.types import Attempt, Message, Task
+from refinery.strategies.base import Scored, attempt_from, dedupe
+from refinery.strategies.parsing import after, parse_json_object, tag
+from refinery.verifiers.judge import parse_score
+from refinery.verifiers.math import extract_answer, is_equivalent, normalize_answer
 
 DECOMPOSE = """Below are a problem and a worked solution. Rewrite the solution as a list \
 of atomic sub-questions, each paired with the answer the solution gives to it.

@@ -6,12 +6,11 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from pydantic import Field
-
-from engine.context import Context
-from engine.graph import ChildCost
-from engine.types import Attempt, Task
-from strategies import socratic
-from strategies.base import LoopStrategy, Scored, StrategyParams
+from refinery.engine.context import Context
+from refinery.engine.graph import ChildCost
+from refinery.engine.types import Attempt, Task
+from refinery.strategies import socratic
+from refinery.strategies.base import LoopStrategy, Scored, StrategyParams
 
 
 class SSR(LoopStrategy):

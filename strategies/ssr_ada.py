@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.graph import ChildCost
-from strategies import socratic
-from strategies.ssr import SSR
+from refinery.engine.graph import ChildCost
+from refinery.strategies import socratic
+from refinery.strategies.ssr import SSR
 
 
 class SSRAda(SSR):

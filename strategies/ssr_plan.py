@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from engine.context import Context
-from engine.errors import BudgetExhausted
-from engine.graph import ChildCost
-from engine.types import Attempt, Message, Task
-from strategies import socratic
-from strategies.base import with_note
-from strategies.ssr import SSR
-from strategies.ssr_ada import SSRAda
-from verifiers.judge import parse_score
+from refinery.engine.context import Context
+from refinery.engine.errors import BudgetExhausted
+from refinery.engine.graph import ChildCost
+from refinery.engine.types import Attempt, Message, Task
+from refinery.strategies import socratic
+from refinery.strategies.base import with_note
+from refinery.strategies.ssr import SSR
+from refinery.strategies.ssr_ada import SSRAda
+from refinery.verifiers.judge import parse_score
 
 SUMMARISE = """Problem:
 {question}

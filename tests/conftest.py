@@ -32,7 +32,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 async def vllm_backend():
-    from engine.backends.vllm import VLLMBackend
+    from refinery.engine.backends.vllm import VLLMBackend
 
     backend = await VLLMBackend.create("smollm2-135m")
     yield backend
@@ -41,7 +41,7 @@ async def vllm_backend():
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
-    from engine.models import resolve_model
+    from refinery.engine.models import resolve_model
 
     return resolve_model("smollm2-135m")
 

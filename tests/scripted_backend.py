@@ -26,7 +26,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from engine.types import Completion, Delta, Message, SamplingParams
+from refinery.engine.types import Completion, Delta, Message, SamplingParams
 
 Reply = str | list[str] | Callable[[Sequence[Message], SamplingParams, int], str]
 

@@ -6,17 +6,17 @@ Imports ``engine`` only. Every verifier has ``name`` and
 
 Example:
     >>> import asyncio
-    >>> from engine.types import Task
+    >>> from refinery.engine.types import Task
     >>> v = get_verifier("math")
     >>> asyncio.run(v.verify(Task.from_prompt("?"), "The answer is $1,000.", "1000")).passed
     True
 """
 
-from verifiers.base import VERIFIERS, Verdict, Verifier, get_verifier
-from verifiers.code import CodeVerifier, build_program, extract_code
-from verifiers.exact import ExactVerifier, RegexVerifier
-from verifiers.judge import JudgeVerifier, parse_score
-from verifiers.math import (
+from refinery.verifiers.base import VERIFIERS, Verdict, Verifier, get_verifier
+from refinery.verifiers.code import CodeVerifier, build_program, extract_code
+from refinery.verifiers.exact import ExactVerifier, RegexVerifier
+from refinery.verifiers.judge import JudgeVerifier, parse_score
+from refinery.verifiers.math import (
     GSM8KVerifier,
     MathVerifier,
     extract_answer,
@@ -27,7 +27,7 @@ from verifiers.math import (
     is_equivalent,
     normalize_answer,
 )
-from verifiers.sandbox import RunResult, Sandbox, SandboxConfig
+from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig
 
 __all__ = [
     "VERIFIERS",

@@ -1,4 +1,4 @@
-"""Symbolic-comparison worker: ``python -m verifiers._symworker``, JSON lines on stdin/stdout.
+"""Symbolic-comparison worker: ``python -m refinery.verifiers._symworker``, JSON lines.
 
 Runs apart from the caller so that the caller can kill it: sympy may spin in C
 code (``10**10**10``) where no signal reaches it. Request ``{"a", "b",

@@ -6,7 +6,7 @@ pattern ship with the task); the judge asks a model.
 
 Example:
     >>> import asyncio
-    >>> from engine.types import Task
+    >>> from refinery.engine.types import Task
     >>> v = get_verifier("math")
     >>> asyncio.run(v.verify(Task.from_prompt("1/2 + 0?"), r"\\boxed{\\frac{1}{2}}", "0.5")).passed
     True
@@ -18,9 +18,8 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from engine.errors import InvalidRequestError
-from engine.types import Task
+from refinery.engine.errors import InvalidRequestError
+from refinery.engine.types import Task
 
 
 class Verdict(BaseModel):
@@ -64,34 +63,34 @@ class Verifier(Protocol):
 
 
 # name -> zero-argument-callable returning the class; imports stay lazy so that
-# `verifiers.base` is cheap and modules never import each other in a cycle.
+# `refinery.verifiers.base` is cheap and modules never import each other in a cycle.
 def _math() -> type:
-    from verifiers.math import MathVerifier
+    from refinery.verifiers.math import MathVerifier
     return MathVerifier
 
 
 def _gsm8k() -> type:
-    from verifiers.math import GSM8KVerifier
+    from refinery.verifiers.math import GSM8KVerifier
     return GSM8KVerifier
 
 
 def _code() -> type:
-    from verifiers.code import CodeVerifier
+    from refinery.verifiers.code import CodeVerifier
     return CodeVerifier
 
 
 def _exact() -> type:
-    from verifiers.exact import ExactVerifier
+    from refinery.verifiers.exact import ExactVerifier
     return ExactVerifier
 
 
 def _regex() -> type:
-    from verifiers.exact import RegexVerifier
+    from refinery.verifiers.exact import RegexVerifier
     return RegexVerifier
 
 
 def _judge() -> type:
-    from verifiers.judge import JudgeVerifier
+    from refinery.verifiers.judge import JudgeVerifier
     return JudgeVerifier
 
 

@@ -16,10 +16,9 @@ import asyncio
 from pathlib import Path
 
 import typer
-
-from engine.errors import RefineryError
-from engine.types import Task
-from verifiers.base import Verdict
+from refinery.engine.errors import RefineryError
+from refinery.engine.types import Task
+from refinery.verifiers.base import Verdict
 
 check_app = typer.Typer(
     name="check",
@@ -45,7 +44,7 @@ def check_math(
     timeout: float = typer.Option(5.0, min=0.1, help="Seconds allowed for symbolic work."),
 ) -> None:
     """Is PREDICTION mathematically equivalent to GOLD? (extraction + math-verify)"""
-    from verifiers.math import MathVerifier
+    from refinery.verifiers.math import MathVerifier
 
     try:
         verdict = asyncio.run(MathVerifier(timeout=timeout).verify(
@@ -68,7 +67,7 @@ def check_code(
         False, help="Run with rlimits only where bubblewrap is unavailable (unsafe)."),
 ) -> None:
     """Run CANDIDATE.py plus its tests in the sandbox."""
-    from verifiers.code import CodeVerifier
+    from refinery.verifiers.code import CodeVerifier
 
     task = Task.from_prompt("", id="cli", metadata={
         "tests": tests.read_text(encoding="utf-8"), "entry_point": entry_point})

@@ -6,7 +6,7 @@ code 0 inside the limits.
 
 Example:
     >>> import asyncio
-    >>> from engine.types import Task
+    >>> from refinery.engine.types import Task
     >>> task = Task.from_prompt("add", metadata={
     ...     "prompt": "def add(a, b):\\n", "entry_point": "add",
     ...     "tests": "def check(f):\\n    assert f(2, 3) == 5\\n"})
@@ -19,10 +19,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from engine.errors import InvalidRequestError
-from engine.types import Task
-from verifiers.base import Verdict
-from verifiers.sandbox import RunResult, Sandbox, SandboxConfig
+from refinery.engine.errors import InvalidRequestError
+from refinery.engine.types import Task
+from refinery.verifiers.base import Verdict
+from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig
 
 __all__ = ["CodeVerifier", "build_program", "extract_code"]
 

@@ -2,7 +2,7 @@
 
 Example:
     >>> import asyncio
-    >>> from engine.types import Task
+    >>> from refinery.engine.types import Task
     >>> asyncio.run(ExactVerifier().verify(Task.from_prompt("?"), "$1,000.", "1000")).passed
     True
 """
@@ -12,10 +12,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from engine.errors import InvalidRequestError
-from engine.types import Task
-from verifiers.base import Verdict
-from verifiers.math import extract_answer, normalize_answer
+from refinery.engine.errors import InvalidRequestError
+from refinery.engine.types import Task
+from refinery.verifiers.base import Verdict
+from refinery.verifiers.math import extract_answer, normalize_answer
 
 try:  # the `regex` module (a transformers dependency) can time out a catastrophic pattern
     import regex as _regex
@@ -29,10 +29,10 @@ class ExactVerifier:
     """The answer equals the gold answer after normalisation.
 
     With ``normalize=True`` both sides go through
-    :func:`verifiers.math.normalize_answer` (commas, ``$``, units, ``\\text{}``,
+    :func:`refinery.verifiers.math.normalize_answer` (commas, ``$``, units, ``\\text{}``,
     one spelling per number...); otherwise only surrounding whitespace is
     ignored. ``extract=True`` first pulls the final answer out of a full
-    solution (:func:`verifiers.math.extract_answer`).
+    solution (:func:`refinery.verifiers.math.extract_answer`).
 
     Example:
         >>> ExactVerifier(case_sensitive=True).case_sensitive

@@ -15,10 +15,10 @@ import json
 import re
 from dataclasses import dataclass
 
-from engine.backends.base import Backend
-from engine.errors import InvalidRequestError
-from engine.types import Message, SamplingParams, Task
-from verifiers.base import Verdict
+from refinery.engine.backends.base import Backend
+from refinery.engine.errors import InvalidRequestError
+from refinery.engine.types import Message, SamplingParams, Task
+from refinery.verifiers.base import Verdict
 
 __all__ = ["DEFAULT_RUBRIC", "JudgeVerifier", "ParsedScore", "parse_score"]
 
@@ -117,7 +117,7 @@ class JudgeVerifier:
     Example:
         >>> class Fixed:
         ...     async def generate(self, messages, params, *, n=None, monitor=None):
-        ...         from engine.types import Completion
+        ...         from refinery.engine.types import Completion
         ...         return [Completion(text="Good. Score: 9/10", prompt_tokens=1,
         ...                            completion_tokens=5, finish_reason="stop")]
         >>> import asyncio

@@ -41,9 +41,9 @@ import time
 from fractions import Fraction
 from typing import Any, Literal
 
-from engine.errors import InvalidRequestError
-from engine.types import Task
-from verifiers.base import Verdict
+from refinery.engine.errors import InvalidRequestError
+from refinery.engine.types import Task
+from refinery.verifiers.base import Verdict
 
 log = logging.getLogger(__name__)
 
@@ -392,14 +392,14 @@ def _quick_equivalent(na: str, nb: str) -> bool | None:
 
 
 class _Worker:
-    """One symbolic-comparison subprocess speaking JSON lines (``verifiers._symworker``)."""
+    """One symbolic-comparison subprocess (``refinery.verifiers._symworker``), JSON lines."""
 
     def __init__(self) -> None:
         pkg_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_root, env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "verifiers._symworker"],
+            [sys.executable, "-m", "refinery.verifiers._symworker"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             env=env, start_new_session=True,  # a Ctrl-C at the terminal must not kill it mid-call
         )

@@ -49,8 +49,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from engine.errors import SandboxError
+from refinery.engine.errors import SandboxError
 
 log = logging.getLogger(__name__)
 

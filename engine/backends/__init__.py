@@ -1,6 +1,6 @@
 """Model backends: a small async protocol and its adapters."""
 
-from engine.backends.base import Backend
+from refinery.engine.backends.base import Backend
 
 __all__ = ["Backend", "VLLMBackend", "OpenAIBackend"]
 
@@ -8,9 +8,9 @@ __all__ = ["Backend", "VLLMBackend", "OpenAIBackend"]
 def __getattr__(name: str):
     # Adapters import heavy deps (vllm, openai); load them only when asked for.
     if name == "VLLMBackend":
-        from engine.backends.vllm import VLLMBackend
+        from refinery.engine.backends.vllm import VLLMBackend
         return VLLMBackend
     if name == "OpenAIBackend":
-        from engine.backends.openai import OpenAIBackend
+        from refinery.engine.backends.openai import OpenAIBackend
         return OpenAIBackend
     raise AttributeError(name)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
-from engine.loops import LoopDetector
-from engine.types import Completion, Delta, Message, SamplingParams
+from refinery.engine.loops import LoopDetector
+from refinery.engine.types import Completion, Delta, Message, SamplingParams
 
 
 @runtime_checkable

@@ -40,6 +40,15 @@ from typing import Any
 
 import httpx
 import openai
+from refinery.engine.errors import (
+    BackendError,
+    BackendUnavailableError,
+    InvalidRequestError,
+    PromptTooLongError,
+    UnknownModelError,
+)
+from refinery.engine.loops import LoopDetector, cut_at_onset
+from refinery.engine.types import Completion, Delta, Message, SamplingParams
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -47,16 +56,6 @@ from tenacity import (
     stop_after_delay,
     wait_exponential_jitter,
 )
-
-from engine.errors import (
-    BackendError,
-    BackendUnavailableError,
-    InvalidRequestError,
-    PromptTooLongError,
-    UnknownModelError,
-)
-from engine.loops import LoopDetector, cut_at_onset
-from engine.types import Completion, Delta, Message, SamplingParams
 
 log = logging.getLogger(__name__)
 

@@ -34,16 +34,16 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.errors import (
+from refinery.engine.errors import (
     BackendError,
     BackendUnavailableError,
     EngineStartError,
     InvalidRequestError,
     PromptTooLongError,
 )
-from engine.loops import LoopDetector, cut_at_onset
-from engine.models import resolve_model
-from engine.types import Completion, Delta, Message, SamplingParams
+from refinery.engine.loops import LoopDetector, cut_at_onset
+from refinery.engine.models import resolve_model
+from refinery.engine.types import Completion, Delta, Message, SamplingParams
 
 log = logging.getLogger(__name__)
 

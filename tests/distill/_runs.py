@@ -6,9 +6,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.trace import Trace, TraceEvent
-from engine.types import Attempt, Completion, Message
-from strategies.cot import INSTRUCTION
+from refinery.engine.trace import Trace, TraceEvent
+from refinery.engine.types import Attempt, Completion, Message
+from refinery.strategies.cot import INSTRUCTION
 
 
 def comp(text: str, finish: str = "stop") -> Completion:
@@ -51,8 +51,8 @@ class Problem:
 
 def write_run(root: Path, name: str, problems: list[Problem], *, with_results: bool = True,
               dataset: str = "arith") -> Path:
-    """Write a run directory as eval.runner would (config, results, traces)."""
-    from verifiers.math import extract_answer, is_equivalent
+    """Write a run directory as refinery.eval.runner would (config, results, traces)."""
+    from refinery.verifiers.math import extract_answer, is_equivalent
 
     run = root / name
     run.mkdir(parents=True)

@@ -1,4 +1,4 @@
-"""Selection rules of distill.dataset on constructed traces and results."""
+"""Selection rules of refinery.distill.dataset on constructed traces and results."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from refinery.distill.dataset import arith_solution, build, clean_solution, gold_sft_rows
+from refinery.distill.schema import DistillError, read_rows
+from refinery.eval.datasets import load_arith
 
-from distill.dataset import arith_solution, build, clean_solution, gold_sft_rows
-from distill.schema import DistillError, read_rows
-from eval.datasets import load_arith
 from tests.distill._runs import Problem, gen, step, write_run
 
 Q1 = "Ava has 3 apples. Ava buys 4 more apples. How many apples does Ava have now?"
@@ -117,7 +117,7 @@ def test_refinement_with_scaffold_is_cleaned_for_sft(tmp_path) -> None:
 
 
 def test_no_instruction_by_default_and_cot_instruction_on_request(tmp_path) -> None:
-    from strategies.cot import INSTRUCTION
+    from refinery.strategies.cot import INSTRUCTION
 
     _, sft, pairs = run_build(tmp_path, [refine_problem()], instruction=INSTRUCTION)
     assert sft[0]["messages"][0]["content"] == f"{Q1}\n\n{INSTRUCTION}"
@@ -318,7 +318,7 @@ def test_results_only_run_uses_the_final_texts(tmp_path) -> None:
 
 
 def test_arith_gold_solutions_are_right_for_every_level() -> None:
-    from verifiers.math import extract_answer
+    from refinery.verifiers.math import extract_answer
 
     examples = load_arith("train", limit=25)
     rows = gold_sft_rows(examples)

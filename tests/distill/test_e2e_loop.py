@@ -14,11 +14,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from distill.loop import loop
-from distill.schema import read_rows
-from distill.train import read_train_record
-from engine.models import resolve_model
+from refinery.distill.loop import loop
+from refinery.distill.schema import read_rows
+from refinery.distill.train import read_train_record
+from refinery.engine.models import resolve_model
 
 pytestmark = pytest.mark.e2e
 

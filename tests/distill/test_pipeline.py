@@ -9,18 +9,18 @@ import re
 from pathlib import Path
 
 import pytest
+from refinery.distill.dataset import build
+from refinery.distill.loop import loop, read_report
+from refinery.distill.schema import DistillError, read_rows
+from refinery.distill.train import StageResult, TrainConfig, TrainResult
+from refinery.eval.datasets import load_arith
+from refinery.eval.runner import EvalConfig, run_eval
+from refinery.strategies.cot import INSTRUCTION
 
-from distill.dataset import build
-from distill.loop import loop, read_report
-from distill.schema import DistillError, read_rows
-from distill.train import StageResult, TrainConfig, TrainResult
-from eval.datasets import load_arith
-from eval.runner import EvalConfig, run_eval
-from strategies.cot import INSTRUCTION
 from tests.scripted_backend import ScriptedBackend
 
-# `distill.loop` the attribute is the function (re-exported); the module is in sys.modules.
-loop_mod = importlib.import_module("distill.loop")
+# `refinery.distill.loop` the attribute is the function (re-exported); the module is in sys.modules.
+loop_mod = importlib.import_module("refinery.distill.loop")
 N = 10
 GOLD = {e.prompt: (e.gold, e.level) for s in ("train", "test") for e in load_arith(s, limit=N)}
 

@@ -6,10 +6,8 @@ import json
 
 import pytest
 from pydantic import ValidationError
-from typer.testing import CliRunner
-
-from distill.cli import distill_app
-from distill.schema import (
+from refinery.distill.cli import distill_app
+from refinery.distill.schema import (
     DistillError,
     example_provenance,
     read_rows,
@@ -17,7 +15,9 @@ from distill.schema import (
     validate_sft_row,
     write_rows,
 )
-from distill.train import expand_weights, train
+from refinery.distill.train import expand_weights, train
+from typer.testing import CliRunner
+
 from tests.distill._runs import write_run
 from tests.distill.test_dataset import Q1, RIGHT_1, refine_problem
 

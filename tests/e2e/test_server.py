@@ -7,9 +7,8 @@ import asyncio
 import httpx
 import openai
 import pytest
-
-from engine.types import Message
-from serving import ServerConfig
+from refinery.engine.types import Message
+from refinery.serving import ServerConfig
 
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m"

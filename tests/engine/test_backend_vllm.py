@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-
-from engine.backends.vllm import VLLMBackend, VLLMConfig, all_cpus
-from engine.errors import (
+from refinery.engine.backends.vllm import VLLMBackend, VLLMConfig, all_cpus
+from refinery.engine.errors import (
     EngineStartError,
     InvalidRequestError,
     PromptTooLongError,
     UnknownModelError,
 )
-from engine.types import Message, SamplingParams
+from refinery.engine.types import Message, SamplingParams
 
 pytestmark = pytest.mark.e2e
 

@@ -13,10 +13,9 @@ import time
 import weakref
 
 import pytest
-
-from engine.backends.vllm import VLLMBackend
-from engine.errors import BackendUnavailableError
-from engine.types import Message, SamplingParams
+from refinery.engine.backends.vllm import VLLMBackend
+from refinery.engine.errors import BackendUnavailableError
+from refinery.engine.types import Message, SamplingParams
 
 
 class StandInEngine:

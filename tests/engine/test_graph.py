@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ConfigDict
-
-from engine.errors import BudgetError, SpecError
-from engine.graph import (
+from refinery.engine.errors import BudgetError, SpecError
+from refinery.engine.graph import (
     build_strategy,
     children,
     parse_spec,
@@ -19,8 +18,8 @@ from engine.graph import (
     validate,
     worst_case_calls,
 )
-from strategies import DEI, SAGE, SSR, CoT, CritiqueRefine, SelfConsistency
-from strategies.registry import REGISTRY
+from refinery.strategies import DEI, SAGE, SSR, CoT, CritiqueRefine, SelfConsistency
+from refinery.strategies.registry import REGISTRY
 
 COMPOSITE = "dei(ssr, critique_refine(rounds=2), sage(cot), votes=5)"
 

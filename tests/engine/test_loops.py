@@ -10,8 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-
-from engine.loops import CusumLoopDetector, LoopAlarm
+from refinery.engine.loops import CusumLoopDetector, LoopAlarm
 
 ROOT = Path(__file__).resolve().parents[2]
 # The labelled set at two generation caps (512 and 1024 new tokens), same prompts,
@@ -244,7 +243,7 @@ def test_labelling_rule():
 
 
 def test_cut_at_onset_clamps_and_keeps_the_prefix_of_the_piece():
-    from engine.loops import LoopAlarm, cut_at_onset
+    from refinery.engine.loops import LoopAlarm, cut_at_onset
 
     assert cut_at_onset("abc", "defg", LoopAlarm(onset=5, position=7)) == (5, "de")
     assert cut_at_onset("abc", "defg", LoopAlarm(onset=2, position=7)) == (2, "")

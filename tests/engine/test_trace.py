@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 
-from engine.trace import Trace, TraceEvent, TraceWriter, read_traces
-from engine.types import Attempt, Completion, Usage
+from refinery.engine.trace import Trace, TraceEvent, TraceWriter, read_traces
+from refinery.engine.types import Attempt, Completion, Usage
 
 
 def sample_trace(task_id: str = "t1") -> Trace:

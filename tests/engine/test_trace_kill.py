@@ -24,10 +24,9 @@ import time
 from pathlib import Path
 
 import pytest
-
-from engine.errors import RefineryError, StorageError
-from engine.trace import Trace, TraceWriter, read_traces, repair_tail
-from engine.types import Attempt, Usage
+from refinery.engine.errors import RefineryError, StorageError
+from refinery.engine.trace import Trace, TraceWriter, read_traces, repair_tail
+from refinery.engine.types import Attempt, Usage
 
 ROOT = Path(__file__).resolve().parents[2]
 KILLS = 24
@@ -37,8 +36,8 @@ SEED = 20240611
 # has a chance to land inside one. Prints "ready" once the writer (and its repair) is up.
 WORKER = r"""
 import random, sys
-from engine.trace import Trace, TraceEvent, TraceWriter
-from engine.types import Attempt, Usage
+from refinery.engine.trace import Trace, TraceEvent, TraceWriter
+from refinery.engine.types import Attempt, Usage
 
 path, prefix, seed = sys.argv[1], sys.argv[2], int(sys.argv[3])
 rng = random.Random(seed)

@@ -1,4 +1,4 @@
-"""A small arith run through ``eval.runner.run_eval`` with a slow scripted model, run as a
+"""A small arith run through ``refinery.eval.runner.run_eval`` with a slow scripted model, run as a
 subprocess by the resume test (which SIGKILLs it part-way). Not a shipped backend.
 
     python -m tests.eval._resume_worker OUT N DELAY_SECONDS
@@ -10,7 +10,8 @@ import asyncio
 import sys
 from dataclasses import dataclass
 
-from eval.runner import EvalConfig, run_eval
+from refinery.eval.runner import EvalConfig, run_eval
+
 from tests.scripted_backend import ScriptedBackend
 
 

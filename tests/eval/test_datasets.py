@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from eval.datasets import (
+from refinery.eval.datasets import (
     ARITH_LEVELS,
     DatasetError,
     Example,
@@ -66,7 +65,7 @@ def test_hub_offline_gives_a_clear_error(tmp_path) -> None:
     # No local MATH-500 here, so the loader goes to the hub; offline that must be a
     # DatasetError that says what to do. A subprocess: `datasets` reads the offline
     # switches once, at import.
-    code = ("from eval.datasets import load_math500, DatasetError\n"
+    code = ("from refinery.eval.datasets import load_math500, DatasetError\n"
             "try:\n    load_math500(limit=1)\nexcept DatasetError as e:\n"
             "    print('DatasetError:', e)\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",

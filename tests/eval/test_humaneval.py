@@ -6,9 +6,8 @@ import asyncio
 import shutil
 
 import pytest
-
-from eval.datasets import load_humaneval
-from eval.metrics import Scorer, mean_pass_at_k
+from refinery.eval.datasets import load_humaneval
+from refinery.eval.metrics import Scorer, mean_pass_at_k
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 

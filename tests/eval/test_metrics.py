@@ -7,9 +7,8 @@ import asyncio
 import math
 
 import pytest
-
-from eval.datasets import Example, load_gsm8k
-from eval.metrics import (
+from refinery.eval.datasets import Example, load_gsm8k
+from refinery.eval.metrics import (
     Scorer,
     accuracy,
     cost_summary,

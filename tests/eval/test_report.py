@@ -7,9 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
-
-from eval.report import _label_lifts, _top, load_run, pareto_front, write_report
-from eval.runner import CONFIG, RESULTS, append_line
+from refinery.eval.report import _label_lifts, _top, load_run, pareto_front, write_report
+from refinery.eval.runner import CONFIG, RESULTS, append_line
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -91,7 +90,7 @@ def test_report_gsm8k_metrics_and_partial_runs(tmp_path) -> None:
 
 
 def test_report_rejects_a_non_run_dir(tmp_path) -> None:
-    from engine.errors import InvalidRequestError
+    from refinery.engine.errors import InvalidRequestError
 
     with pytest.raises(InvalidRequestError, match="not a run directory"):
         write_report([tmp_path], tmp_path / "docs")

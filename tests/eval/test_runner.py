@@ -12,11 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-
-from engine.errors import BackendUnavailableError, SpecError
-from engine.loops import CusumLoopDetector
-from eval.datasets import load_arith
-from eval.runner import (
+from refinery.engine.errors import BackendUnavailableError, SpecError
+from refinery.engine.loops import CusumLoopDetector
+from refinery.eval.datasets import load_arith
+from refinery.eval.runner import (
     CONFIG,
     RESULTS,
     TRACES,
@@ -25,6 +24,7 @@ from eval.runner import (
     read_results,
     run_eval,
 )
+
 from tests.eval._resume_worker import SlowBackend, backend, config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,10 +7,10 @@ import signal
 
 import pytest
 import uvicorn
+from refinery.engine.backends.vllm import VLLMBackend
 from typer.testing import CliRunner
 
-import serving
-from engine.backends.vllm import VLLMBackend
+from refinery import serving
 from refinery.cli import app
 
 

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import pytest
+from refinery.engine.types import Completion, Delta, Message, SamplingParams
 
-from engine.types import Completion, Delta, Message, SamplingParams
 from tests.e2e.conftest import serve  # noqa: F401  (the fixture, re-registered here)
 
 ERROR_KEYS = {"message", "type", "param", "code"}

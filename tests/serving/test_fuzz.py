@@ -31,6 +31,14 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
+from refinery.serving import ServerConfig, create_app
+from refinery.serving.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    CompletionChunk,
+    CompletionResponse,
+    ModelList,
+)
 from schemathesis import GenerationMode
 from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (
@@ -39,14 +47,6 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from serving import ServerConfig, create_app
-from serving.protocol import (
-    ChatCompletionChunk,
-    ChatCompletionResponse,
-    CompletionChunk,
-    CompletionResponse,
-    ModelList,
-)
 from tests.serving.conftest import assert_openai_error
 
 pytestmark = pytest.mark.e2e

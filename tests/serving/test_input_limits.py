@@ -9,10 +9,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from engine.errors import RefineryError, SpecError
-from serving.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
-from strategies import build_with_graph
+from refinery.engine.errors import RefineryError, SpecError
+from refinery.serving.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
+from refinery.strategies import build_with_graph
 
 
 @pytest.mark.parametrize(("spec", "reason"), [

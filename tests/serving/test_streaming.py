@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from engine.errors import BudgetExhausted
-from serving.streaming import sse
+from refinery.engine.errors import BudgetExhausted
+from refinery.serving.streaming import sse
 
 
 async def _collect(chunks) -> list[str]:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.context import Budget, Context
-from engine.types import Task
+from refinery.engine.context import Budget, Context
+from refinery.engine.types import Task
+
 from tests.scripted_backend import ScriptedBackend
 
 QUESTION = "Tom has 3 apples and buys 4 more. Then the pile doubles. How many apples now?"

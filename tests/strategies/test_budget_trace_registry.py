@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import networkx as nx
 import pytest
+from refinery.engine.context import Budget
+from refinery.engine.errors import BudgetExhausted, SpecError
+from refinery.engine.run import run, solve_one
+from refinery.strategies import DEI, SSR, CoT, CritiqueRefine, SelfConsistency
 
-import strategies
-from engine.context import Budget
-from engine.errors import BudgetExhausted, SpecError
-from engine.run import run, solve_one
-from strategies import DEI, SSR, CoT, CritiqueRefine, SelfConsistency
+from refinery import strategies
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ProbeBackend, ctx, task
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from engine.context import Context
-from engine.types import Completion
-from strategies import BestOfN, CoT, CritiqueRefine, SelfConsistency
+from refinery.engine.context import Context
+from refinery.engine.types import Completion
+from refinery.strategies import BestOfN, CoT, CritiqueRefine, SelfConsistency
+from refinery.verifiers.base import Verdict
+
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ctx, prompts, task
-from verifiers.base import Verdict
 
 
 async def test_cot_streams_only_at_the_root():

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from strategies import DEI, SAGE, CoT, CritiqueRefine
+from refinery.strategies import DEI, SAGE, CoT, CritiqueRefine
+
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ctx, prompts, task
 
@@ -123,7 +124,8 @@ async def test_sage_plans_and_the_last_rollout_streams():
 
 
 async def test_members_and_tasks_run_concurrently():
-    from engine.run import run
+    from refinery.engine.run import run
+
     from tests.strategies._util import ProbeBackend
 
     backend = ProbeBackend([(r"review committee", "Score: 7"), (r".*", member_reply)])

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from strategies import SSR, CoT, SSRAda, SSRPlan
+from refinery.strategies import SSR, CoT, SSRAda, SSRPlan
+
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ProbeBackend, ctx, prompts, task
 

@@ -27,6 +27,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from refinery.verifiers.code import build_program
+from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig
 
 from tests.verifiers.test_verifiers_hostile import (
     CHECK,
@@ -37,8 +39,6 @@ from tests.verifiers.test_verifiers_hostile import (
     _processes_with,
     _snapshot,
 )
-from verifiers.code import build_program
-from verifiers.sandbox import RunResult, Sandbox, SandboxConfig
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 

@@ -7,12 +7,11 @@ import os
 import shutil
 
 import pytest
-
-import verifiers.sandbox as sandbox_mod
-from engine.errors import InvalidRequestError, SandboxError
-from engine.types import Task
-from verifiers.code import CodeVerifier, build_program, extract_code
-from verifiers.sandbox import Sandbox, SandboxConfig
+import refinery.verifiers.sandbox as sandbox_mod
+from refinery.engine.errors import InvalidRequestError, SandboxError
+from refinery.engine.types import Task
+from refinery.verifiers.code import CodeVerifier, build_program, extract_code
+from refinery.verifiers.sandbox import Sandbox, SandboxConfig
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 

@@ -21,9 +21,8 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-
-from verifiers.code import build_program
-from verifiers.sandbox import RunResult, Sandbox, SandboxConfig, _pids_of_uid
+from refinery.verifiers.code import build_program
+from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig, _pids_of_uid
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-
-from engine.errors import BackendError, InvalidRequestError
-from engine.types import Completion, Message, SamplingParams, Task
-from verifiers.judge import JudgeVerifier, parse_score
+from refinery.engine.errors import BackendError, InvalidRequestError
+from refinery.engine.types import Completion, Message, SamplingParams, Task
+from refinery.verifiers.judge import JudgeVerifier, parse_score
 
 
 class ScriptedBackend:

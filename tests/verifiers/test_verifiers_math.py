@@ -8,10 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-
-from engine.errors import InvalidRequestError
-from engine.types import Task
-from verifiers.math import (
+from refinery.engine.errors import InvalidRequestError
+from refinery.engine.types import Task
+from refinery.verifiers.math import (
     GSM8KVerifier,
     MathVerifier,
     extract_answer,
@@ -299,7 +298,7 @@ async def test_every_gsm8k_gold_solution_verifies_against_its_own_answer_only() 
 @pytest.mark.timeout(60)  # a hang guard: the old regex needed ~2**29 steps here
 def test_long_unit_tail_does_not_backtrack_exponentially():
     # A real SSR sub-answer hung the old nested-quantifier unit regex.
-    from verifiers.math import normalize_answer
+    from refinery.verifiers.math import normalize_answer
 
     assert normalize_answer("5 " + "abcdefghij" * 3 + "!") == "5" + "abcdefghij" * 3 + "!"
     assert normalize_answer("18 dollars") == "18"

@@ -1,0 +1,45 @@
+"""The distribution installs one top-level name, ``refinery``; the layers live under it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LAYERS = ["engine", "strategies", "verifiers", "serving", "eval", "distill"]
+
+
+def _python(code: str, cwd: Path, pythonpath: str | None = None) -> subprocess.CompletedProcess:
+    env = {"PATH": "/usr/bin:/bin"} | ({"PYTHONPATH": pythonpath} if pythonpath else {})
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_editable_install_exposes_only_refinery(layer: str, tmp_path: Path) -> None:
+    # Run from outside the repository, so the clone's folders are not on sys.path.
+    bare = _python(f"import {layer}", tmp_path)
+    assert bare.returncode != 0 and "No module named" in bare.stderr
+    named = _python(f"import refinery.{layer} as m; print(m.__name__)", tmp_path)
+    assert named.returncode == 0, named.stderr
+    assert named.stdout.strip() == f"refinery.{layer}"
+
+
+def test_wheel_install_has_one_top_level_package(tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                    "--no-build-isolation", "--target", str(target), str(REPO)],
+                   check=True, capture_output=True, timeout=300)
+    packages = sorted(p.name for p in target.iterdir()
+                      if p.is_dir() and p.name != "bin"  # the console script
+                      and not p.name.endswith((".dist-info", "__pycache__")))
+    assert packages == ["refinery"]
+    for layer in LAYERS:
+        assert (target / "refinery" / layer / "__init__.py").is_file()
+    ok = _python("import refinery.engine.errors as e; print(e.RefineryError.__module__)",
+                 tmp_path, pythonpath=str(target))
+    assert ok.stdout.strip() == "refinery.engine.errors", ok.stderr
+    assert _python("import engine", tmp_path, pythonpath=str(target)).returncode != 0
