@@ -18,6 +18,7 @@ from enum import Enum
 
 import typer
 from pydantic import ValidationError
+from refinery.engine.console import INTERRUPTED, USAGE, fail
 from refinery.engine.errors import RefineryError
 
 __all__ = ["distill_app"]
@@ -31,14 +32,9 @@ class SFTFormatKind(str, Enum):
     prompt_completion = "prompt_completion"
 
 
-def _fail(msg: str, code: int = 2) -> None:
-    typer.secho(f"error: {msg}", fg="red", err=True)
-    raise typer.Exit(code)
-
-
 def _bad_option(exc: ValidationError) -> None:
     err = exc.errors()[0]
-    _fail(f"bad option {'.'.join(str(x) for x in err['loc'])}: {err['msg']}")
+    fail(f"bad option {'.'.join(str(x) for x in err['loc'])}: {err['msg']}", USAGE)
 
 
 @distill_app.command("build")
@@ -62,7 +58,7 @@ def build_cmd(
     from refinery.distill.dataset import build
 
     if cot_instruction and instruction:
-        _fail("pass either --cot-instruction or --instruction, not both")
+        fail("pass either --cot-instruction or --instruction, not both", USAGE)
     if cot_instruction:
         from refinery.strategies.cot import INSTRUCTION
         instruction = INSTRUCTION
@@ -72,7 +68,7 @@ def build_cmd(
                       max_length_ratio=max_length_ratio,
                       require_explicit_answer=explicit_answer)
     except RefineryError as exc:
-        _fail(str(exc))
+        fail(exc)
     typer.echo(f"{stats.traces} traces, {stats.problems} problems, {stats.candidates} "
                f"candidate solutions; dropped {stats.dropped}; {stats.no_passing_attempt} "
                f"problems with no passing attempt; rescued {stats.rescued}, easy {stats.easy}")
@@ -80,7 +76,7 @@ def build_cmd(
                f"{sft}" + (f" and {stats.pairs} pairs {stats.pairs_by_source} to {pairs} "
                            f"({stats.pairs_skipped_length} skipped for length)" if pairs else ""))
     if stats.sft_rows == 0:
-        _fail("no verified SFT rows: every problem lacked a clean passing attempt")
+        fail("no verified SFT rows: every problem lacked a clean passing attempt", USAGE)
 
 
 @distill_app.command("train")
@@ -117,7 +113,7 @@ def train_cmd(
                        threads=threads, save_dtype=save_dtype, seed=seed,
                        overwrite=overwrite, progress=progress)
     except RefineryError as exc:
-        _fail(str(exc))
+        fail(exc)
     except ValidationError as exc:
         _bad_option(exc)
     typer.echo(f"{result.out}: SFT {result.sft.steps} steps on {result.sft.expanded_rows} rows "
@@ -165,11 +161,11 @@ def loop_cmd(
             gold_fallback_rows=gold_fallback_rows, seed=seed,
             levels=list(level) if level else None, train=train_opts, progress=progress))
     except RefineryError as exc:
-        _fail(str(exc))
+        fail(exc)
     except ValidationError as exc:
         _bad_option(exc)
     except KeyboardInterrupt:
-        _fail(f"interrupted; rerun the same command to resume from {out}", code=130)
+        fail(f"interrupted; rerun the same command to resume from {out}", INTERRUPTED)
     typer.echo(f"wrote {out}/loop.md and {out}/loop.json ({len(report.rounds)} round(s))")
 
 

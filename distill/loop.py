@@ -46,6 +46,7 @@ from refinery.distill.dataset import BuildStats, build, gold_sft_rows
 from refinery.distill.schema import DistillError, read_rows
 from refinery.distill.train import TRAIN_RECORD, TrainConfig, TrainResult, read_train_record
 from refinery.engine.backends.base import Backend
+from refinery.engine.backends.factory import BackendSpec, make_backend
 from refinery.eval.datasets import Example, load_dataset
 from refinery.eval.metrics import Accuracy
 from refinery.eval.runner import EvalConfig, RunSummary, run_eval
@@ -167,9 +168,7 @@ def _write_report(report: LoopReport, out: Path) -> None:
 
 
 async def _start(model: str) -> Backend:
-    from refinery.engine.backends.vllm import VLLMBackend
-
-    return await VLLMBackend.create(model)
+    return await make_backend(BackendSpec(model))
 
 
 async def _train(cfg: TrainConfig, workdir: Path, isolate: bool) -> TrainResult:

@@ -20,9 +20,10 @@ Details that matter:
 - Training runs in float32 (CPU; bf16 autocast is slow and imprecise there);
   the checkpoint is saved in float32 by default, so the exact trained weights
   are kept for the next round and for transformers (a few LoRA steps move
-  weights by ~1e-4, below bf16's resolution). vLLM's ``dtype="auto"`` still
-  serves a float32 checkpoint in its preferred 16-bit type, so what vLLM
-  answers with is the bf16 rounding of these weights (``save_dtype`` to change).
+  weights by ~1e-4, below bf16's resolution). The engine's ``dtype="auto"``
+  serves a float32 checkpoint in bf16 on a CPU with native bf16 and in float32
+  elsewhere (``refinery.engine.hardware``), so on the former what vLLM answers
+  with is the bf16 rounding of these weights (``save_dtype`` to change).
 - Torch uses ``cores - 1`` threads (:func:`default_threads`): OpenMP threads
   spinning against a busy core (a vLLM worker) slow training by 10-30x here.
 - The checkpoint is written to a hidden temporary sibling directory and renamed

@@ -139,6 +139,10 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     # A fresh model from the config drops GGUF-specific loading state, so the
     # saved checkpoint is a plain one that vLLM reads like any HF model.
     config = loaded.config
+    # Stored in bf16, the precision every figure in docs/ was measured with. It does
+    # not decide what the engine runs: on CPU the engine picks the dtype from the CPU
+    # (engine/hardware.py), and bf16 widens exactly to float32 (vLLM loads it so
+    # without a word), so every machine runs the same weights.
     config.dtype = torch.bfloat16
     # The GGUF loader records a gguf quantization_config; the saved weights are
     # plain bf16, and vLLM would otherwise try to load them as GGUF.

@@ -1,8 +1,9 @@
 """``refinery eval``: run a strategy on a benchmark (resumable) and report runs side by side.
 
-The lead mounts :data:`eval_app` as ``refinery eval``. Every refinery error
-(bad dataset, bad spec, a run directory holding another run) prints one line
-and exits with status 2; Ctrl-C exits 130 and the run resumes when rerun.
+The lead mounts :data:`eval_app` as ``refinery eval``. A refinery error prints
+one line and exits 2 when the caller asked for something wrong (bad dataset,
+bad spec, a run directory holding another run), 1 when the engine or backend
+failed; Ctrl-C exits 130 and the run resumes when rerun.
 
 Example:
     $ refinery eval run --dataset arith --strategy "sc(cot, n=4)" --limit 50 --out runs/sc4
@@ -17,17 +18,15 @@ from enum import Enum
 
 import typer
 from pydantic import ValidationError
+from refinery.engine.backends.factory import BackendKind
+from refinery.engine.console import INTERRUPTED, USAGE, fail
 from refinery.engine.errors import RefineryError
+from refinery.engine.models import DEFAULT_MODEL
 
 __all__ = ["eval_app"]
 
 eval_app = typer.Typer(no_args_is_help=True, add_completion=False,
                        help="Benchmarks: resumable runs, lm-eval-compatible scoring, reports.")
-
-
-class BackendKind(str, Enum):
-    vllm = "vllm"
-    openai = "openai"
 
 
 class LoopPolicyKind(str, Enum):
@@ -41,17 +40,12 @@ class SplitKind(str, Enum):
     train = "train"
 
 
-def _fail(msg: str, code: int = 2) -> None:
-    typer.secho(f"error: {msg}", fg="red", err=True)
-    raise typer.Exit(code)
-
-
 @eval_app.command("run")
 def run_cmd(
     dataset: str = typer.Option(..., help="gsm8k | math500 | humaneval | arith | path.jsonl"),
     strategy: str = typer.Option(..., help='strategy spec, e.g. "sc(cot, n=4)"'),
     out: str = typer.Option(..., help="run directory (rerun the same command to resume)"),
-    model: str = typer.Option("smollm2-135m", help="registered name, local dir or hub id"),
+    model: str = typer.Option(DEFAULT_MODEL, help="registered name, local dir or hub id"),
     limit: int = typer.Option(None, min=0, help="first N problems (arith: N generated)"),
     split: SplitKind = typer.Option(SplitKind.test),
     data_path: str = typer.Option(None, help="local JSONL (file or dir) for gsm8k / math500"),
@@ -73,6 +67,8 @@ def run_cmd(
     force: bool = typer.Option(False, help="OUT holds another run: move it aside, start over"),
     retry_errors: bool = typer.Option(False, help="re-run problems recorded with an error"),
     progress: bool = typer.Option(True, help="show a progress bar"),
+    dtype: str = typer.Option("auto", help="engine dtype: auto (on CPU bfloat16 only where "
+                              "the CPU has native bf16, else float32), float32, bfloat16"),
 ) -> None:
     """Run STRATEGY on DATASET; one result line per problem in OUT/results.jsonl."""
     # vLLM logs every engine detail; a benchmark user wants the progress bar.
@@ -88,16 +84,16 @@ def run_cmd(
             temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_calls=max_calls,
             max_problem_tokens=problem_tokens, max_seconds=max_seconds,
             loop_policy=loop_policy.value, concurrency=concurrency, backend=backend.value,
-            base_url=list(base_url or []))
+            base_url=list(base_url or []), dtype=dtype)
         summary = asyncio.run(run_eval(config, force=force, retry_errors=retry_errors,
                                        progress=progress))
     except RefineryError as exc:
-        _fail(str(exc))
+        fail(exc)
     except ValidationError as exc:
-        _fail(f"bad option: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}")
+        fail(f"bad option: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}", USAGE)
     except KeyboardInterrupt:
-        _fail(f"interrupted; finished problems are in {out}; rerun the same command to "
-              "resume", code=130)
+        fail(f"interrupted; finished problems are in {out}; rerun the same command to "
+             "resume", INTERRUPTED)
     c = summary.cost
     typer.echo(f"{summary.out}: {summary.done}/{summary.total} problems "
                f"({summary.ran} run now, {summary.skipped} already done)  "
@@ -119,7 +115,7 @@ def report_cmd(
     try:
         files = write_report(runs, out, name=name, title=title)
     except RefineryError as exc:
-        _fail(str(exc))
+        fail(exc)
     with open(files.markdown, encoding="utf-8") as f:
         typer.echo(f.read())
     typer.echo(f"wrote {files.markdown} and {len(files.images)} plot(s): "

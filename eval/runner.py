@@ -47,6 +47,7 @@ from typing import Any, Literal
 import networkx as nx
 from pydantic import BaseModel, Field
 from refinery.engine.backends.base import Backend
+from refinery.engine.backends.factory import BackendKind, BackendSpec, make_backend
 from refinery.engine.context import Budget, Context, LoopPolicy
 from refinery.engine.errors import InvalidRequestError, RefineryError, StorageError
 from refinery.engine.graph import non_default, to_mermaid, to_spec
@@ -120,6 +121,8 @@ class EvalConfig(BaseModel):
     concurrency: int = Field(64, ge=1)
     backend: Literal["vllm", "openai"] = "vllm"
     base_url: list[str] = Field(default_factory=list)
+    dtype: str = Field("auto", description="in-process engine dtype; auto: what the CPU "
+                       "computes natively (not part of the run's identity)")
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p,
@@ -321,19 +324,10 @@ def build_strategy(spec: str) -> tuple[Any, nx.DiGraph]:
     return strategies.build_with_graph(spec)
 
 
-async def make_backend(config: EvalConfig) -> Backend:
+def backend_spec(config: EvalConfig) -> BackendSpec:
     """The backend a config names: in-process vLLM, or an OpenAI-compatible server."""
-    if config.backend == "openai":
-        from refinery.engine.backends.openai import OpenAIBackend
-
-        if not config.base_url:
-            raise InvalidRequestError("--backend openai needs --base-url", param="base_url")
-        return OpenAIBackend(config.model, config.base_url,
-                             api_key=os.environ.get("OPENAI_API_KEY", "EMPTY"),
-                             max_concurrency=config.concurrency)
-    from refinery.engine.backends.vllm import VLLMBackend
-
-    return await VLLMBackend.create(config.model)
+    return BackendSpec(config.model, BackendKind(config.backend), tuple(config.base_url),
+                       max_concurrency=config.concurrency, dtype=config.dtype)
 
 
 def _prepare_dir(out: Path, record: dict[str, Any], force: bool) -> None:
@@ -483,7 +477,7 @@ async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
     if todo:
         own_backend = backend is None
         if backend is None:
-            backend = await make_backend(config)
+            backend = await make_backend(backend_spec(config))
         scorer = Scorer()
         session, session_start = uuid.uuid4().hex[:12], time.time()
         writer = TraceWriter(traces_path)

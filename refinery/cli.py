@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -10,7 +11,10 @@ from enum import Enum
 
 import typer
 
+from refinery.engine.backends.factory import BackendKind, BackendSpec, make_backend
+from refinery.engine.console import fail
 from refinery.engine.errors import RefineryError
+from refinery.engine.models import DEFAULT_MODEL
 
 # vLLM logs every engine detail to stdout; a CLI user wants the answer.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
@@ -19,36 +23,12 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="refinery: inference-time reasoning and refinement engine.")
 
 
-class BackendKind(str, Enum):
-    vllm = "vllm"
-    openai = "openai"
-
-
-def fail(exc: Exception) -> None:
-    typer.secho(f"error: {exc}", fg="red", err=True)
-    raise typer.Exit(1)
-
-
-async def make_backend(model: str, backend: BackendKind, base_url: list[str] | None,
-                       api_key: str | None = None, compile_graph: bool = False):
-    """Build the backend a command asked for (vLLM in-process by default).
-
-    ``compile_graph`` runs vLLM in its torch.compile mode instead of eager.
-    """
-    if backend == BackendKind.openai:
-        from refinery.engine.backends.openai import OpenAIBackend
-
-        if not base_url:
-            raise typer.BadParameter("--backend openai needs --base-url", param_hint="--base-url")
-        return OpenAIBackend(model, base_url,
-                             api_key=api_key or os.environ.get("OPENAI_API_KEY", "EMPTY"))
-    from refinery.engine.backends.vllm import VLLMBackend, VLLMConfig
-
-    return await VLLMBackend.create(model, VLLMConfig(enforce_eager=not compile_graph))
+DTYPE_HELP = ("engine dtype: auto (on CPU bfloat16 only where the CPU has native bf16, "
+              "else float32; vLLM's auto on GPU), float32, bfloat16, float16")
 
 
 @app.command("model-path")
-def model_path(model: str = typer.Argument("smollm2-135m")) -> None:
+def model_path(model: str = typer.Argument(DEFAULT_MODEL)) -> None:
     """Resolve MODEL (converting the embedded model on first use) and print its path."""
     from refinery.engine.models import resolve_model
 
@@ -61,19 +41,21 @@ def model_path(model: str = typer.Argument("smollm2-135m")) -> None:
 @app.command()
 def generate(
     prompt: str,
-    model: str = typer.Option("smollm2-135m", help="registered name, local dir or hub id"),
+    model: str = typer.Option(DEFAULT_MODEL, help="registered name, local dir or hub id"),
     backend: BackendKind = typer.Option(BackendKind.vllm),
     base_url: list[str] = typer.Option(None, help="OpenAI-compatible base URL(s)"),
     max_tokens: int = typer.Option(256, min=1),
     temperature: float = typer.Option(0.0, min=0.0, max=2.0),
     n: int = typer.Option(1, min=1),
     stream: bool = typer.Option(False, help="print tokens as they arrive"),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
 ) -> None:
     """Print a completion of PROMPT from the model (no strategy)."""
     from refinery.engine.types import Message, SamplingParams
 
     async def main() -> None:
-        be = await make_backend(model, backend, base_url)
+        be = await make_backend(BackendSpec(model, backend, tuple(base_url or ()),
+                                            dtype=dtype))
         try:
             msgs = [Message(role="user", content=prompt)]
             params = SamplingParams(temperature=temperature, max_tokens=max_tokens)
@@ -101,7 +83,7 @@ def generate(
 def solve(
     question: str,
     strategy: str = typer.Option("cot", "--strategy", "-s", help="strategy spec"),
-    model: str = typer.Option("smollm2-135m"),
+    model: str = typer.Option(DEFAULT_MODEL),
     backend: BackendKind = typer.Option(BackendKind.vllm),
     base_url: list[str] = typer.Option(None),
     trace: str = typer.Option(None, help="append the task's trace (JSONL) to this file"),
@@ -110,6 +92,7 @@ def solve(
     max_calls: int = typer.Option(None, min=1, help="budget: model calls"),
     max_total_tokens: int = typer.Option(None, min=1, help="budget: tokens over all calls"),
     loop_policy: str = typer.Option("retry", help="off | truncate | retry"),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
 ) -> None:
     """Solve QUESTION with a strategy; print the answer and a one-line summary."""
     from refinery.engine.context import Budget
@@ -123,7 +106,8 @@ def solve(
         from refinery.engine.graph import to_spec
 
         strat, graph = build_with_graph(strategy)
-        be = await make_backend(model, backend, base_url)
+        be = await make_backend(BackendSpec(model, backend, tuple(base_url or ()),
+                                            dtype=dtype))
         try:
             result = await solve_one(
                 strat, Task.from_prompt(question), be, spec=to_spec(graph),
@@ -135,7 +119,7 @@ def solve(
         if trace:
             TraceWriter(trace).write_sync(result)
         if result.attempt is None:
-            raise typer.Exit(_print_error(result.error or "no answer"))
+            fail(result.error or "no answer")
         typer.echo(result.attempt.text)
         typer.secho(f"answer: {result.attempt.answer}", bold=True)
         u = result.usage
@@ -149,11 +133,6 @@ def solve(
         fail(exc)
 
 
-def _print_error(msg: str) -> int:
-    typer.secho(f"error: {msg}", fg="red", err=True)
-    return 1
-
-
 @app.command()
 def graph(spec: str, max_calls: int = typer.Option(2000, help="refuse specs above this")) -> None:
     """Validate SPEC, print it as mermaid text and its worst-case call count."""
@@ -163,8 +142,7 @@ def graph(spec: str, max_calls: int = typer.Option(2000, help="refuse specs abov
     try:
         _, g = build_with_graph(spec, max_calls=max_calls)
     except RefineryError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        fail(exc)
     typer.echo(to_mermaid(g))
     typer.echo(f"%% spec: {to_spec(g)}")
     typer.echo(f"%% worst-case calls: {worst_case_calls(g)}")
@@ -197,12 +175,10 @@ def trace_show(path: str, task: str = typer.Option(None, help="only this task id
     try:
         traces = read_traces(path)
     except (OSError, ValueError) as exc:
-        typer.secho(f"error: cannot read {path}: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        fail(f"cannot read {path}: {exc}", status=2)
     shown = [t for t in traces if task is None or t.task_id == task]
     if not shown:
-        typer.secho("no matching task in the file", fg="red", err=True)
-        raise typer.Exit(1)
+        fail("no matching task in the file")
     for t in shown:
         typer.echo(t.render(width=width))
         typer.echo("")
@@ -220,7 +196,7 @@ ENGINE_DIED_EXIT_CODE = 3
 def serve(
     host: str = typer.Option("127.0.0.1", help="bind address (loopback by default)"),
     port: int = typer.Option(8000),
-    model: str = typer.Option("smollm2-135m", help="registered name, local dir or hub id"),
+    model: str = typer.Option(DEFAULT_MODEL, help="registered name, local dir or hub id"),
     backend: BackendKind = typer.Option(BackendKind.vllm),
     base_url: list[str] = typer.Option(None, help="upstream OpenAI-compatible base URL(s)"),
     upstream_api_key: str = typer.Option(None, envvar="UPSTREAM_API_KEY"),
@@ -246,6 +222,7 @@ def serve(
         False, "--compile", help="run vLLM in its torch.compile mode instead of eager: "
         "1.1-1.2x the tokens/s on CPU, but the engine starts in about 50 s instead of "
         "about 13 s (bench/compile_mode.py)"),
+    dtype: str = typer.Option("auto", help=DTYPE_HELP),
 ) -> None:
     """Serve an OpenAI-compatible API with strategies selectable per request."""
     import signal
@@ -260,8 +237,9 @@ def serve(
                           on_engine_death=on_engine_death.value,
                           max_engine_restarts=max_engine_restarts,
                           graceful_timeout=graceful_timeout)
-    app_ = create_app(config, backend_factory=lambda: make_backend(
-        model, backend, base_url, upstream_api_key, compile_graph))
+    spec = BackendSpec(model, backend, tuple(base_url or ()), api_key=upstream_api_key,
+                       dtype=dtype, compile_graph=compile_graph)
+    app_ = create_app(config, backend_factory=lambda: make_backend(spec))
     if host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
         typer.secho(f"warning: serving on {host} without API keys", fg="yellow", err=True)
     server = uvicorn.Server(uvicorn.Config(app_, host=host, port=port, log_level="info",
@@ -311,6 +289,10 @@ def _terminate_like_interrupt(signum: int, frame: object) -> None:
 
 def main() -> None:  # pragma: no cover - console entry point
     signal.signal(signal.SIGTERM, _terminate_like_interrupt)  # `serve` sets its own
+    # refinery's own INFO lines (which dtype the engine runs, and why) on stderr;
+    # libraries stay at WARNING.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("refinery").setLevel(logging.INFO)
     app()
 
 

@@ -16,6 +16,7 @@ import asyncio
 from pathlib import Path
 
 import typer
+from refinery.engine.console import fail
 from refinery.engine.errors import RefineryError
 from refinery.engine.types import Task
 from refinery.verifiers.base import Verdict
@@ -32,11 +33,6 @@ def _emit(verdict: Verdict) -> None:
     typer.echo(verdict.model_dump_json())
 
 
-def _fail(exc: RefineryError) -> None:
-    typer.echo(f"error: {exc}", err=True)
-    raise typer.Exit(1)
-
-
 @check_app.command("math")
 def check_math(
     prediction: str = typer.Argument(..., help="The model's answer or whole solution."),
@@ -50,7 +46,7 @@ def check_math(
         verdict = asyncio.run(MathVerifier(timeout=timeout).verify(
             Task.from_prompt("", id="cli"), prediction, gold))
     except RefineryError as e:
-        _fail(e)
+        fail(e)
     _emit(verdict)
 
 
@@ -75,5 +71,5 @@ def check_code(
         verifier = CodeVerifier(wall_timeout=timeout, allow_unsandboxed=allow_unsandboxed)
         verdict = asyncio.run(verifier.verify(task, candidate.read_text(encoding="utf-8")))
     except RefineryError as e:
-        _fail(e)
+        fail(e)
     _emit(verdict)

@@ -41,6 +41,7 @@ from refinery.engine.errors import (
     InvalidRequestError,
     PromptTooLongError,
 )
+from refinery.engine.hardware import DtypeChoice, choose_dtype
 from refinery.engine.loops import LoopDetector, cut_at_onset
 from refinery.engine.models import resolve_model
 from refinery.engine.types import Completion, Delta, Message, SamplingParams
@@ -57,6 +58,8 @@ class VLLMConfig:
     kv_cache_gib: int = 4  # VLLM_CPU_KVCACHE_SPACE on CPU
     gpu_memory_utilization: float = 0.5  # read as a CPU-memory fraction on CPU
     enable_prefix_caching: bool = True
+    # "auto": on CPU the dtype this CPU computes natively (engine/hardware.py),
+    # elsewhere vLLM's auto. Anything else is passed to vLLM as is.
     dtype: str = "auto"
     max_num_seqs: int = 128
     # Tokens per scheduler step (prefill chunks). vLLM's CPU default is 4096 for its
@@ -81,7 +84,7 @@ class VLLMBackend:
     """Backend on an in-process vLLM ``AsyncLLM`` engine. Build it with ``create``."""
 
     def __init__(self, engine: Any, tokenizer: Any, model: str, max_model_len: int,
-                 is_cpu: bool):
+                 is_cpu: bool, dtype: DtypeChoice | None = None):
         self.engine = engine
         self.tokenizer = tokenizer
         self.model = model
@@ -90,6 +93,7 @@ class VLLMBackend:
         self._warned_seed = False
         self.engine_procs = _engine_processes(engine)
         self.closed = False
+        self.dtype = dtype  # what the engine runs, and why
 
     @classmethod
     async def create(cls, model: str = "smollm2-135m",
@@ -106,14 +110,17 @@ class VLLMBackend:
         if config.cpu_threads:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = config.cpu_threads
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", all_cpus())
+        from vllm.platforms import current_platform
+
+        dtype = choose_dtype(config.dtype, current_platform.is_cpu())
+        log.info(dtype.log_line())
         try:
             from vllm.engine.arg_utils import AsyncEngineArgs
-            from vllm.platforms import current_platform
             from vllm.v1.engine.async_llm import AsyncLLM
 
             args = AsyncEngineArgs(
                 model=path, tokenizer=path, max_model_len=config.max_model_len,
-                enforce_eager=config.enforce_eager, dtype=config.dtype,
+                enforce_eager=config.enforce_eager, dtype=dtype.dtype,
                 gpu_memory_utilization=config.gpu_memory_utilization,
                 enable_prefix_caching=config.enable_prefix_caching,
                 max_num_seqs=config.max_num_seqs,
@@ -129,7 +136,8 @@ class VLLMBackend:
                 f"({config.max_model_len}).") from exc
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(path)
-        backend = cls(engine, tokenizer, model, config.max_model_len, current_platform.is_cpu())
+        backend = cls(engine, tokenizer, model, config.max_model_len, current_platform.is_cpu(),
+                      dtype)
         # Something vLLM imports on the line above keeps this frame alive (through an
         # import traceback); a local ``engine`` in it would outlive aclose().
         del engine

@@ -16,6 +16,7 @@ from refinery.engine.errors import (
     PromptTooLongError,
     UnknownModelError,
 )
+from refinery.engine.hardware import CpuInfo, cpu_dtype
 from refinery.engine.types import Message, SamplingParams
 
 pytestmark = pytest.mark.e2e
@@ -29,6 +30,13 @@ async def wait_idle(backend, timeout=10.0):
             return 0
         await asyncio.sleep(0.1)
     return backend.num_unfinished_requests()
+
+
+def test_engine_runs_the_dtype_this_cpu_computes_natively(vllm_backend):
+    expected = cpu_dtype(CpuInfo.read())
+    assert vllm_backend.dtype == expected
+    # what vLLM itself runs, not just what we asked for
+    assert str(vllm_backend.engine.model_config.dtype) == f"torch.{expected.dtype}"
 
 
 async def test_greedy_answer_and_usage_match_tokenizer(vllm_backend):

@@ -14,8 +14,11 @@ from refinery import serving
 from refinery.cli import app
 
 
-@pytest.mark.parametrize(("flags", "eager"), [([], True), (["--compile"], False)])
-def test_serve_compile_flag_reaches_the_vllm_engine_config(monkeypatch, flags, eager) -> None:
+@pytest.mark.parametrize(("flags", "eager", "dtype"), [
+    ([], True, "auto"), (["--compile"], False, "auto"), (["--dtype", "float32"], True, "float32"),
+    (["--compile", "--dtype", "bfloat16"], False, "bfloat16")])
+def test_serve_engine_flags_reach_the_vllm_engine_config(monkeypatch, flags, eager,
+                                                         dtype) -> None:
     factories, configs = [], []
     real_create_app = serving.create_app
 
@@ -40,3 +43,4 @@ def test_serve_compile_flag_reaches_the_vllm_engine_config(monkeypatch, flags, e
     [(model, config)] = configs
     assert model == "m"
     assert config.enforce_eager is eager
+    assert config.dtype == dtype

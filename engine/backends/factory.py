@@ -1,0 +1,65 @@
+"""One way to build a backend from what a user asked for, for every command.
+
+``refinery generate/solve/serve``, ``refinery eval run`` and ``refinery distill
+loop`` all describe the backend they want as a :class:`BackendSpec` and call
+:func:`make_backend`; the adapters stay importable on their own.
+
+Example:
+    >>> backend = await make_backend(BackendSpec(model="smollm2-135m", dtype="float32"))
+    >>> remote = await make_backend(BackendSpec(kind="openai", base_url=("http://h:8000/v1",)))
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import Enum
+
+from refinery.engine.backends.base import Backend
+from refinery.engine.errors import InvalidRequestError
+from refinery.engine.models import DEFAULT_MODEL
+
+
+class BackendKind(str, Enum):
+    """Where generations run: an in-process vLLM engine, or an OpenAI-compatible server."""
+
+    vllm = "vllm"
+    openai = "openai"
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """The backend a command asked for.
+
+    ``dtype`` and ``compile_graph`` only concern the in-process engine: ``auto``
+    picks what this CPU computes natively (see ``refinery.engine.hardware``).
+    """
+
+    model: str = DEFAULT_MODEL
+    kind: BackendKind = BackendKind.vllm
+    base_url: tuple[str, ...] = ()
+    api_key: str | None = None  # default: $OPENAI_API_KEY, else "EMPTY"
+    max_concurrency: int = 64  # requests in flight to an upstream
+    dtype: str = "auto"
+    compile_graph: bool = False  # vLLM's torch.compile mode instead of eager
+
+
+async def make_backend(spec: BackendSpec) -> Backend:
+    """Build and start the backend ``spec`` names.
+
+    Raises:
+        InvalidRequestError: an OpenAI backend without a base URL.
+        UnknownModelError, EngineStartError: the in-process engine could not start.
+    """
+    if BackendKind(spec.kind) is BackendKind.openai:
+        from refinery.engine.backends.openai import OpenAIBackend
+
+        if not spec.base_url:
+            raise InvalidRequestError("--backend openai needs --base-url", param="base_url")
+        return OpenAIBackend(spec.model, list(spec.base_url),
+                             api_key=spec.api_key or os.environ.get("OPENAI_API_KEY", "EMPTY"),
+                             max_concurrency=spec.max_concurrency)
+    from refinery.engine.backends.vllm import VLLMBackend, VLLMConfig
+
+    config = VLLMConfig(enforce_eager=not spec.compile_graph, dtype=spec.dtype)
+    return await VLLMBackend.create(spec.model, config)

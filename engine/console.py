@@ -1,0 +1,37 @@
+"""How every ``refinery`` command reports an error: one red line, then an exit status.
+
+Status 2 when the caller asked for something wrong (an ``InvalidRequestError``,
+an unknown model: what the server answers with a 4xx), 1 when the work itself
+failed (an engine that would not start, a backend error, no answer). Ctrl-C
+exits 130.
+
+Example:
+    >>> try:
+    ...     strategies.build(spec)
+    ... except RefineryError as exc:
+    ...     fail(exc)
+"""
+
+from __future__ import annotations
+
+from typing import NoReturn
+
+import typer
+from refinery.engine.errors import RefineryError
+
+USAGE, FAILURE, INTERRUPTED = 2, 1, 130
+
+
+def exit_status(exc: BaseException) -> int:
+    """2 for the caller's fault (a 4xx refinery error), 1 for anything else."""
+    if isinstance(exc, RefineryError) and 400 <= exc.status < 500:
+        return USAGE
+    return FAILURE
+
+
+def fail(error: BaseException | str, status: int | None = None) -> NoReturn:
+    """Print ``error`` on stderr and exit with ``status`` (default: by its type)."""
+    typer.secho(f"error: {error}", fg="red", err=True)
+    if status is None:
+        status = exit_status(error) if isinstance(error, BaseException) else FAILURE
+    raise typer.Exit(status)

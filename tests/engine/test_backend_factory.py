@@ -1,0 +1,62 @@
+"""One backend factory and one error exit for every command."""
+
+from __future__ import annotations
+
+import pytest
+import typer
+from refinery.engine.backends.factory import BackendKind, BackendSpec, make_backend
+from refinery.engine.backends.openai import OpenAIBackend
+from refinery.engine.backends.vllm import VLLMBackend
+from refinery.engine.console import exit_status, fail
+from refinery.engine.errors import (
+    BackendUnavailableError,
+    EngineStartError,
+    InvalidRequestError,
+    SpecError,
+    StorageError,
+    UnknownModelError,
+)
+
+
+async def test_vllm_spec_reaches_the_engine_config(monkeypatch) -> None:
+    seen = []
+
+    async def create(model, config=None):
+        seen.append((model, config))
+        return "engine"
+
+    monkeypatch.setattr(VLLMBackend, "create", create)
+    assert await make_backend(BackendSpec("m", dtype="float32", compile_graph=True)) == "engine"
+    [(model, config)] = seen
+    assert (model, config.dtype, config.enforce_eager) == ("m", "float32", False)
+
+
+async def test_openai_spec_builds_the_upstream_adapter(monkeypatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "from-env")
+    be = await make_backend(BackendSpec("m", BackendKind.openai, ("http://127.0.0.1:9/v1",),
+                                        max_concurrency=3))
+    try:
+        assert isinstance(be, OpenAIBackend) and be.model == "m"
+    finally:
+        await be.aclose()
+    with pytest.raises(InvalidRequestError, match="--base-url"):
+        await make_backend(BackendSpec("m", BackendKind.openai))
+
+
+@pytest.mark.parametrize(("exc", "status"), [
+    (SpecError("bad spec"), 2), (UnknownModelError("no model"), 2),
+    (InvalidRequestError("bad"), 2), (EngineStartError("no memory"), 1),
+    (BackendUnavailableError("dead"), 1), (StorageError("disk full"), 1),
+    (RuntimeError("bug"), 1)])
+def test_exit_status_is_decided_by_the_error_type(exc, status) -> None:
+    assert exit_status(exc) == status
+    with pytest.raises(typer.Exit) as raised:
+        fail(exc)
+    assert raised.value.exit_code == status
+
+
+def test_fail_with_a_message_takes_the_status_given(capsys) -> None:
+    with pytest.raises(typer.Exit) as raised:
+        fail("interrupted", 130)
+    assert raised.value.exit_code == 130
+    assert "error: interrupted" in capsys.readouterr().err
