@@ -186,14 +186,16 @@ async def engine_phase(args: argparse.Namespace) -> dict:
 
 
 def engine_kwargs(model: str, budget: int) -> dict:
-    """The bare engines' settings: those of ``VLLMBackend`` (128 sequences, same budget)."""
+    """The bare engines' settings: those of ``VLLMBackend`` (128 sequences, its dtype
+    on this CPU), with ``budget`` tokens a scheduler step."""
+    from refinery.engine.backends.vllm import engine_kwargs as backend_kwargs
+    from refinery.engine.hardware import choose_dtype
     from refinery.engine.models import resolve_model
+    from vllm.platforms import current_platform
 
-    path, c = resolve_model(model), VLLMConfig()
-    return {"model": path, "tokenizer": path, "max_model_len": c.max_model_len,
-            "enforce_eager": c.enforce_eager, "gpu_memory_utilization": c.gpu_memory_utilization,
-            "enable_prefix_caching": c.enable_prefix_caching, "max_num_seqs": c.max_num_seqs,
-            "max_num_batched_tokens": budget, "disable_log_stats": True}
+    config = VLLMConfig(max_num_batched_tokens=budget)
+    dtype = choose_dtype(config.dtype, current_platform.is_cpu()).dtype
+    return backend_kwargs(resolve_model(model), config, dtype)
 
 
 def replay_calls(requests: list[dict], tok) -> list[tuple[int, list, list]]:

@@ -75,6 +75,21 @@ class VLLMConfig:
     extra: tuple[tuple[str, Any], ...] = ()
 
 
+def engine_kwargs(path: str, config: VLLMConfig, dtype: str) -> dict[str, Any]:
+    """The vLLM engine arguments ``VLLMBackend`` starts with, for ``path`` and ``dtype``.
+
+    The benches build their bare ``vllm.LLM`` engines from the same dict, so a
+    side-by-side ratio compares the same engine settings, dtype included.
+    """
+    return {"model": path, "tokenizer": path, "max_model_len": config.max_model_len,
+            "enforce_eager": config.enforce_eager, "dtype": dtype,
+            "gpu_memory_utilization": config.gpu_memory_utilization,
+            "enable_prefix_caching": config.enable_prefix_caching,
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "disable_log_stats": True, **dict(config.extra)}
+
+
 def all_cpus() -> str:
     """The CPUs this process may run on, as a vLLM bind list such as ``"0,1"``."""
     return ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
@@ -118,14 +133,7 @@ class VLLMBackend:
             from vllm.engine.arg_utils import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
 
-            args = AsyncEngineArgs(
-                model=path, tokenizer=path, max_model_len=config.max_model_len,
-                enforce_eager=config.enforce_eager, dtype=dtype.dtype,
-                gpu_memory_utilization=config.gpu_memory_utilization,
-                enable_prefix_caching=config.enable_prefix_caching,
-                max_num_seqs=config.max_num_seqs,
-                max_num_batched_tokens=config.max_num_batched_tokens, disable_log_stats=True,
-                **dict(config.extra))
+            args = AsyncEngineArgs(**engine_kwargs(path, config, dtype.dtype))
             engine = AsyncLLM.from_engine_args(args)
         except Exception as exc:  # vLLM raises many types; all mean "could not start"
             raise EngineStartError(
