@@ -18,7 +18,12 @@ MODEL ?= smollm2-135m
 export VLLM_CPU_KVCACHE_SPACE ?= 4
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup serve test test-fast bench lint clean-venv
+# Peers measured side by side with refinery (bench/vs_optillm.py), each in its own
+# virtualenv: OptiLLM pins a transformers older than ours.
+PEERS := $(REFINERY_HOME)/peers
+OPTILLM_VERSION ?= 0.4.0
+
+.PHONY: setup serve test test-fast bench bench-peers lint clean-venv
 
 setup: $(STAMP) system-packages
 	@$(PY) -m pip install --quiet --no-deps --no-build-isolation -e . >/dev/null
@@ -49,6 +54,16 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e" $(PYTEST_ARGS)
+
+bench-peers: $(PEERS)/optillm/.installed
+
+$(PEERS)/optillm/.installed:
+	$(PYTHON) -m venv $(PEERS)/optillm
+	$(PEERS)/optillm/bin/python -m pip install --quiet --upgrade pip
+	# Its torch requirement is unpinned: the CPU build on local disk, not a CUDA download.
+	$(PEERS)/optillm/bin/python -m pip install --quiet "torch==2.13.0+cpu"
+	$(PEERS)/optillm/bin/python -m pip install --quiet "optillm==$(OPTILLM_VERSION)"
+	touch $@
 
 bench: setup
 	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done

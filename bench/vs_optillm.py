@@ -1,0 +1,304 @@
+"""Self-consistency through OptiLLM and through refinery, side by side in one run.
+
+The same work on three sides, one after another, on one machine:
+
+1. **optillm**: OptiLLM's proxy (its own virtualenv, ``make bench-peers``) in front
+   of vLLM's own OpenAI server, model ``self_consistency-<model>``;
+2. **upstream**: ``refinery serve --backend openai`` in front of the same vLLM
+   server, model ``sc(cot, n=5)@<model>``;
+3. **in-process**: ``refinery serve`` on its own engine (the vLLM server stopped
+   first; same dtype and engine settings), model ``sc(cot, n=5)@<model>``.
+
+Work: the first ``--questions`` GSM8K test questions sent by ``--clients``
+concurrent official ``openai`` async clients, ``max_tokens`` 128. Per side it prints
+the wall seconds, the tokens generated (the vLLM server's
+``vllm:generation_tokens_total``; in-process, refinery's own count of its engine's
+tokens, ``refinery_tokens_total{kind="completion"}``), the completion tokens the
+clients were told in ``usage``, the answers returned, how many were right (GSM8K
+gold, refinery's math verifier), and the ratios of refinery's wall times to
+OptiLLM's (targets: in-process <= 0.5, upstream <= 0.7). While a side runs, the vLLM
+sequences in flight are sampled, to show where the time goes.
+
+    make bench-peers   # once: OptiLLM into $REFINERY_HOME/peers/optillm
+    python bench/vs_optillm.py [--questions 32] [--clients 16] [--sides optillm upstream in-process]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# Sets the same vLLM environment (KV cache, cores) as the strategy bench; no vllm import.
+from refinery.engine.models import DEFAULT_MODEL, refinery_home  # noqa: E402
+from strategy_throughput import DATA, VLLMConfig, engine_kwargs  # noqa: E402
+
+SIDES = ("optillm", "upstream", "in-process")
+SPEC = "sc(cot, n=5)"
+PORTS = {"vllm": 8701, "optillm": 8702, "refinery": 8703}
+GEN_TOKENS = re.compile(r"^vllm:generation_tokens_total\{[^}]*\}\s+([0-9.e+]+)", re.M)
+RUNNING = re.compile(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\}\s+([0-9.e+]+)", re.M)
+REFINERY_TOKENS = re.compile(
+    r'^refinery_tokens_total\{[^}]*kind="completion"[^}]*\}\s+([0-9.e+]+)', re.M)
+
+
+@dataclass
+class Side:
+    """What one side did with the same work."""
+
+    name: str
+    wall_seconds: float = 0.0
+    generated_tokens: float = 0.0
+    usage_completion_tokens: int = 0
+    usage_missing: int = 0  # responses whose usage said nothing
+    answers: int = 0
+    correct: int = 0
+    errors: list[str] = field(default_factory=list)
+    in_flight_mean: float | None = None
+
+
+# ------------------------------------------------------------------ processes
+
+
+class Service:
+    """A server in its own process group, its output in a log file; stopped as a group."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], logdir: Path):
+        self.name, self.log = name, logdir / f"{name}.log"
+        # cwd: OptiLLM loads plugins from ./optillm/plugins of wherever it starts.
+        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log.open("w"), cwd=logdir,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, url: str, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited {self.proc.returncode}; see {self.log}")
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"{self.name} not ready after {timeout} s; see {self.log}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def vllm_server(logdir: Path) -> Service:
+    """vLLM's own OpenAI server with refinery's engine settings and dtype."""
+    kw = engine_kwargs(DEFAULT_MODEL, VLLMConfig.max_num_batched_tokens)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", kw["model"],
+           "--served-model-name", DEFAULT_MODEL, "--host", "127.0.0.1",
+           "--port", str(PORTS["vllm"]), "--dtype", kw["dtype"],
+           "--max-model-len", str(kw["max_model_len"]),
+           "--max-num-seqs", str(kw["max_num_seqs"]),
+           "--max-num-batched-tokens", str(kw["max_num_batched_tokens"]),
+           "--gpu-memory-utilization", str(kw["gpu_memory_utilization"])]
+    cmd += ["--enforce-eager"] if kw["enforce_eager"] else []
+    cmd += ["--enable-prefix-caching"] if kw["enable_prefix_caching"] else []
+    return Service("vllm", cmd, dict(os.environ), logdir)
+
+
+def refinery_server(logdir: Path, upstream: str | None) -> Service:
+    cmd = [sys.executable, "-m", "refinery.cli", "serve", "--port", str(PORTS["refinery"]),
+           "--model", DEFAULT_MODEL, "--max-concurrent-requests", "256"]
+    if upstream:
+        cmd += ["--backend", "openai", "--base-url", upstream]
+    return Service("refinery-" + ("upstream" if upstream else "in-process"), cmd,
+                   dict(os.environ), logdir)
+
+
+def optillm_server(logdir: Path, upstream: str) -> Service | None:
+    exe = refinery_home() / "peers" / "optillm" / "bin" / "optillm"
+    if not exe.exists():
+        return None
+    # OPENAI_API_KEY makes OptiLLM an OpenAI client of --base-url; OPTILLM_API_KEY
+    # would switch it to local Hugging Face inference instead.
+    env = {k: v for k, v in os.environ.items() if k != "OPTILLM_API_KEY"}
+    env["OPENAI_API_KEY"] = "sk-bench"
+    cmd = [str(exe), "--base-url", upstream, "--port", str(PORTS["optillm"]),
+           "--host", "127.0.0.1"]
+    return Service("optillm", cmd, env, logdir)
+
+
+# ------------------------------------------------------------------ the work
+
+
+def load_work(n: int) -> list[tuple[str, str]]:
+    from refinery.eval.datasets import gsm8k_gold
+
+    with DATA.open() as f:
+        rows = [json.loads(line) for _, line in zip(range(n), f, strict=False)]
+    return [(r["question"], gsm8k_gold(r["answer"])) for r in rows]
+
+
+async def run_clients(base_url: str, model: str, work: list[tuple[str, str]], clients: int,
+                      max_tokens: int, side: Side) -> None:
+    """``clients`` concurrent openai clients over ``work``; fills ``side``."""
+    from openai import AsyncOpenAI
+    from refinery.verifiers.math import extract_answer, is_equivalent
+
+    queue: asyncio.Queue = asyncio.Queue()
+    for item in work:
+        queue.put_nowait(item)
+
+    async def client() -> None:
+        api = AsyncOpenAI(base_url=base_url, api_key="sk-bench", timeout=3600, max_retries=0)
+        while not queue.empty():
+            question, gold = queue.get_nowait()
+            try:
+                r = await api.chat.completions.create(
+                    model=model, max_tokens=max_tokens,
+                    messages=[{"role": "user", "content": question}])
+            except Exception as exc:  # a side's failure is a figure, not a crash
+                side.errors.append(f"{type(exc).__name__}: {exc}"[:200])
+                continue
+            text = r.choices[0].message.content or ""
+            side.answers += bool(text.strip())
+            side.correct += is_equivalent(extract_answer(text), gold)
+            if r.usage is None or not r.usage.completion_tokens:
+                side.usage_missing += 1
+            else:
+                side.usage_completion_tokens += r.usage.completion_tokens
+        await api.close()
+
+    await asyncio.gather(*(client() for _ in range(clients)))
+
+
+def scrape(url: str, pattern: re.Pattern[str]) -> float:
+    return sum(float(x) for x in pattern.findall(httpx.get(url, timeout=10).text))
+
+
+async def sample_in_flight(metrics_url: str, samples: list[float]) -> None:
+    while True:
+        try:
+            samples.append(await asyncio.to_thread(scrape, metrics_url, RUNNING))
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.5)
+
+
+async def measure(name: str, base_url: str, model: str, tokens_url: str,
+                  tokens_re: re.Pattern[str], a: argparse.Namespace,
+                  work: list[tuple[str, str]]) -> Side:
+    side = Side(name)
+    before = scrape(tokens_url, tokens_re)
+    samples: list[float] = []
+    sampler = (asyncio.create_task(sample_in_flight(tokens_url, samples))
+               if tokens_re is GEN_TOKENS else None)
+    t0 = time.perf_counter()
+    await run_clients(base_url, model, work, a.clients, a.max_tokens, side)
+    side.wall_seconds = time.perf_counter() - t0
+    if sampler:
+        sampler.cancel()
+        side.in_flight_mean = statistics.mean(samples) if samples else None
+    side.generated_tokens = scrape(tokens_url, tokens_re) - before
+    return side
+
+
+# ------------------------------------------------------------------ sides
+
+
+def url(name: str, path: str = "/v1") -> str:
+    return f"http://127.0.0.1:{PORTS[name]}{path}"
+
+
+def run_upstream_sides(a: argparse.Namespace, work, logdir: Path) -> list[Side]:
+    """optillm and refinery --backend openai, each in front of one vLLM server."""
+    sides: list[Side] = []
+    upstream = vllm_server(logdir)
+    try:
+        upstream.wait_ready(url("vllm", "/health"))
+        metrics = url("vllm", "/metrics")
+        for name in [s for s in a.sides if s != "in-process"]:
+            server = (optillm_server(logdir, url("vllm")) if name == "optillm"
+                      else refinery_server(logdir, url("vllm")))
+            if server is None:
+                print("optillm: skipped, not installed (run `make bench-peers`)", flush=True)
+                continue
+            port = "optillm" if name == "optillm" else "refinery"
+            model = f"self_consistency-{DEFAULT_MODEL}" if name == "optillm" \
+                else f"{SPEC}@{DEFAULT_MODEL}"
+            try:
+                server.wait_ready(url(port, "/health"))
+                sides.append(asyncio.run(measure(name, url(port), model, metrics, GEN_TOKENS,
+                                                 a, work)))
+            finally:
+                server.stop()
+            print(json.dumps(asdict(sides[-1])), flush=True)
+    finally:
+        upstream.stop()
+    return sides
+
+
+def run_in_process_side(a: argparse.Namespace, work, logdir: Path) -> Side:
+    server = refinery_server(logdir, None)
+    try:
+        server.wait_ready(url("refinery", "/health"))
+        side = asyncio.run(measure("in-process", url("refinery"), f"{SPEC}@{DEFAULT_MODEL}",
+                                   url("refinery", "/metrics"), REFINERY_TOKENS, a, work))
+    finally:
+        server.stop()
+    print(json.dumps(asdict(side)), flush=True)
+    return side
+
+
+def report(sides: list[Side], a: argparse.Namespace) -> None:
+    print(f"\n{a.questions} GSM8K questions, {a.clients} clients, max_tokens {a.max_tokens}, "
+          f"refinery {SPEC}")
+    print(f"{'side':<11} {'wall s':>8} {'generated':>10} {'usage':>8} {'answers':>8} "
+          f"{'right':>6} {'in flight':>9} errors")
+    for s in sides:
+        usage = f"{s.usage_completion_tokens}" + (f" ({s.usage_missing} empty)"
+                                                  if s.usage_missing else "")
+        fl = f"{s.in_flight_mean:.1f}" if s.in_flight_mean is not None else "-"
+        print(f"{s.name:<11} {s.wall_seconds:>8.1f} {s.generated_tokens:>10.0f} {usage:>8} "
+              f"{s.answers:>8} {s.correct:>6} {fl:>9} {len(s.errors)}")
+    by = {s.name: s for s in sides}
+    if "optillm" in by:
+        for name, target in (("in-process", 0.5), ("upstream", 0.7)):
+            if name in by:
+                ratio = by[name].wall_seconds / by["optillm"].wall_seconds
+                print(f"wall {name}/optillm {ratio:.3f} (target <= {target})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--questions", type=int, default=32)
+    ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    a = ap.parse_args()
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    work = load_work(a.questions)
+    logdir = Path(tempfile.mkdtemp(prefix="vs-optillm-"))
+    print(f"logs in {logdir}", flush=True)
+    sides = run_upstream_sides(a, work, logdir) if set(a.sides) - {"in-process"} else []
+    if "in-process" in a.sides:
+        sides.append(run_in_process_side(a, work, logdir))
+    report(sides, a)
+
+
+if __name__ == "__main__":
+    main()
