@@ -23,7 +23,7 @@ export TOKENIZERS_PARALLELISM ?= false
 PEERS := $(REFINERY_HOME)/peers
 OPTILLM_VERSION ?= 0.4.0
 
-.PHONY: setup serve test test-fast bench bench-peers lint clean-venv
+.PHONY: setup serve test test-all test-fast bench bench-peers lint clean-venv
 
 setup: $(STAMP) system-packages
 	@$(PY) -m pip install --quiet --no-deps --no-build-isolation -e . >/dev/null
@@ -51,6 +51,12 @@ serve: setup
 test: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -p no:cacheprovider --durations=10 $(PYTEST_ARGS)
+
+# The whole suite with the full repetition counts of docs/reliability.md (kill loops,
+# sandbox soak, schema fuzzing); `make test` runs fewer of each.
+test-all: setup
+	$(VENV)/bin/ruff check .
+	REFINERY_TEST_ALL=1 $(PY) -m pytest -q -p no:cacheprovider --durations=10 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e" $(PYTEST_ARGS)

@@ -22,6 +22,13 @@ if not GSM8K.exists():  # CI lays shared/ beside the clone; a clone elsewhere us
     GSM8K = Path(os.environ.get("REFINERY_GSM8K", "/work/shared/data/gsm8k"))
 # eval's loaders look here first, so a clone outside the work tree finds the data.
 os.environ.setdefault("REFINERY_GSM8K", str(GSM8K))
+FULL_SUITE = os.environ.get("REFINERY_TEST_ALL") == "1"
+
+
+def repeat(quick: int, full: int) -> int:
+    """How often a soak, kill loop or fuzz run repeats: ``quick`` in ``make test``,
+    ``full`` in ``make test-all`` (the counts docs/reliability.md reports)."""
+    return full if FULL_SUITE else quick
 
 
 def free_port() -> int:

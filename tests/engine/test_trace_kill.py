@@ -28,8 +28,10 @@ from refinery.engine.errors import RefineryError, StorageError
 from refinery.engine.trace import Trace, TraceWriter, read_traces, repair_tail
 from refinery.engine.types import Attempt, Usage
 
+from tests.conftest import repeat
+
 ROOT = Path(__file__).resolve().parents[2]
-KILLS = 24
+KILLS = repeat(8, 24)
 SEED = 20240611
 
 # The writer: sizes from 100 B to 400 KB, so some writes span many pages and a kill

@@ -1,4 +1,4 @@
-"""Soak: the hostile corpus, 100 passes of every program, two at a time.
+"""Soak: the hostile corpus, 100 passes of every program (20 in ``make test``), two at a time.
 
 Every run must end with the same verdict as in ``test_verifiers_hostile`` (a
 limit, a refused operation), and afterwards nothing is left: no process of
@@ -30,6 +30,7 @@ import pytest
 from refinery.verifiers.code import build_program
 from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig
 
+from tests.conftest import repeat
 from tests.verifiers.test_verifiers_hostile import (
     CHECK,
     EXPECTED,
@@ -42,7 +43,7 @@ from tests.verifiers.test_verifiers_hostile import (
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
-PASSES = int(os.environ.get("REFINERY_SOAK_PASSES", "100"))
+PASSES = int(os.environ.get("REFINERY_SOAK_PASSES", repeat(20, 100)))
 # A uid range of its own (the hostile test uses 61000-63047), so a check for strays
 # cannot be confused by another suite's live runs.
 CONFIG = SandboxConfig(wall_timeout=20, cpu_seconds=1, memory_mb=256, max_processes=16,
