@@ -24,12 +24,18 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted, RefineryError, SpecError
-from refinery.engine.graph import ChildCost, format_call, non_default, validate_params
+from refinery.engine.graph import (
+    ChildCost,
+    check_inner_count,
+    format_call,
+    non_default,
+    validate_params,
+)
 from refinery.engine.types import Attempt, Completion, Message, Task
 from refinery.verifiers.math import extract_answer
 
@@ -40,33 +46,48 @@ class StrategyParams(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+S = TypeVar("S", bound="Strategy")
+
+
 class Strategy:
     """Base class: ``Strategy(*inner, **params)``.
 
     Subclasses set ``name``, a nested ``Params`` model (the paper's defaults),
-    how many inner strategies they take and the default inner specs, and a
-    ``worst_case`` call count used by the graph to bound cost.
+    how many inner strategies they take and the classes of their default inner
+    strategies, and a ``worst_case`` call count used by the graph to bound cost.
+
+    Checking is done once per path, by the same functions of
+    :mod:`refinery.engine.graph` (so the messages are the same): a spec is
+    checked by the graph, which builds each node with :meth:`from_validated`;
+    Python construction (``SelfConsistency(CoT(), n=4)``) is checked here.
     """
 
     name: ClassVar[str] = ""
     Params: ClassVar[type[StrategyParams]] = StrategyParams
     min_inner: ClassVar[int] = 0
     max_inner: ClassVar[int | None] = 0
-    default_inner: ClassVar[tuple[str, ...]] = ()
+    # Built with their own defaults when no inner strategy is given; the graph
+    # grafts them by name, so each must be a registered strategy class.
+    default_inner: ClassVar[tuple[type[Strategy], ...]] = ()
 
     def __init__(self, *inner: Strategy, **params: Any) -> None:
-        if not inner and self.default_inner:
-            # Imported here: the registry imports every strategy module.
-            from refinery.strategies.registry import build
-            inner = tuple(build(spec, max_calls=None) for spec in self.default_inner)
-        lo, hi = self.min_inner, self.max_inner
-        if len(inner) < lo or (hi is not None and len(inner) > hi):
-            raise SpecError(f"{self.name} takes {lo}..{hi} inner strategies, got {len(inner)}")
+        if not inner:
+            inner = tuple(cls() for cls in self.default_inner)
+        check_inner_count(self.name, self.min_inner, self.max_inner, len(inner))
         for s in inner:
             if not callable(getattr(s, "solve", None)):
                 raise SpecError(f"inner strategies of {self.name} must have solve(), got {s!r}")
         self.inner: tuple[Strategy, ...] = tuple(inner)
         self.params = validate_params(self.name, self.Params, params)
+
+    @classmethod
+    def from_validated(cls: type[S], inner: Sequence[Strategy], params: StrategyParams) -> S:
+        """The strategy of a graph node: :func:`~refinery.engine.graph.validate` already
+        checked ``params`` and the number of ``inner`` strategies, so nothing is redone."""
+        strategy = cls.__new__(cls)
+        strategy.inner = tuple(inner)
+        strategy.params = params
+        return strategy
 
     @staticmethod
     def worst_case(params: Any, children: Sequence[ChildCost]) -> int:

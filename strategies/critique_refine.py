@@ -10,6 +10,7 @@ from refinery.engine.context import Context
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies.base import LoopStrategy, Scored, StrategyParams, attempt_from
+from refinery.strategies.cot import CoT
 from refinery.strategies.parsing import after
 
 DIMENSIONS = ("correctness", "completeness", "reasoning validity", "format")
@@ -68,7 +69,7 @@ class CritiqueRefine(LoopStrategy):
 
     name = "critique_refine"
     min_inner = max_inner = 1
-    default_inner = ("cot",)
+    default_inner = (CoT,)
 
     class Params(StrategyParams):
         rounds: int = Field(2, ge=0, le=8, description="refinements at most")

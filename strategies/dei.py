@@ -12,6 +12,9 @@ from refinery.engine.errors import BudgetExhausted
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies.base import LoopStrategy, Scored, StrategyParams, gather_attempts, partial
+from refinery.strategies.critique_refine import CritiqueRefine
+from refinery.strategies.sage import SAGE
+from refinery.strategies.ssr import SSR
 from refinery.verifiers.judge import parse_score
 from refinery.verifiers.math import normalize_answer
 
@@ -55,7 +58,7 @@ class DEI(LoopStrategy):
 
     name = "dei"
     min_inner, max_inner = 1, None
-    default_inner = ("ssr", "critique_refine", "sage")
+    default_inner = (SSR, CritiqueRefine, SAGE)
 
     class Params(StrategyParams):
         votes: int = Field(10, ge=1, le=32, description="reviews per candidate (one request)")

@@ -10,6 +10,7 @@ from refinery.engine.context import Context
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies.base import LoopStrategy, Scored, StrategyParams, with_note
+from refinery.strategies.cot import CoT
 
 ABSTRACT = """Here is a problem and one attempt at it.
 
@@ -63,7 +64,7 @@ class SAGE(LoopStrategy):
     name = "sage"
     keep = "last"
     min_inner = max_inner = 1
-    default_inner = ("cot",)
+    default_inner = (CoT,)
 
     class Params(StrategyParams):
         rounds: int = Field(1, ge=1, le=4, description="plan -> rollout rounds")

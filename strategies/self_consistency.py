@@ -42,7 +42,7 @@ class SelfConsistency(LoopStrategy):
 
     name = "sc"
     min_inner = max_inner = 1
-    default_inner = ("cot",)
+    default_inner = (CoT,)
 
     class Params(StrategyParams):
         n: int = Field(8, ge=1, le=64, description="samples")

@@ -11,6 +11,7 @@ from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Task
 from refinery.strategies import socratic
 from refinery.strategies.base import LoopStrategy, Scored, StrategyParams
+from refinery.strategies.cot import CoT
 
 
 class SSR(LoopStrategy):
@@ -40,7 +41,7 @@ class SSR(LoopStrategy):
     keep = "last"
     adaptive: ClassVar[bool] = False
     min_inner = max_inner = 1
-    default_inner = ("cot",)
+    default_inner = (CoT,)
 
     class Params(StrategyParams):
         max_iter: int = Field(3, ge=0, le=10, description="refinements = max_iter + 1")
