@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 from refinery.engine.context import Context
@@ -38,6 +38,12 @@ from refinery.engine.graph import (
 )
 from refinery.engine.types import Attempt, Completion, Message, Task
 from refinery.verifiers.math import extract_answer
+
+Keep = Literal["best", "last"]
+
+
+def exc_message(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, RefineryError) else str(exc)
 
 
 class StrategyParams(BaseModel):
@@ -104,17 +110,50 @@ class Strategy:
 # --------------------------------------------------------------------------- the loop
 
 
+class Detail(BaseModel):
+    """What a strategy's ``score`` step learnt about a candidate, typed per strategy.
+
+    It is handed to the strategy's later steps (``propose``, ``stop``) and, for
+    the chosen candidate, its non-None fields become the result's metadata.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    def metadata(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+D = TypeVar("D", bound=Detail)
+
+
 @dataclass
-class Scored:
+class Scored(Generic[D]):
     """A candidate with its score in [0, 1] (``None``: not scored, e.g. the budget ran
     out first), a tie-break key (compared after the score, higher wins), the trace
-    events of its scoring and details that go into the result's metadata."""
+    events of its scoring and the strategy's typed :class:`Detail` (``None``: none)."""
 
     attempt: Attempt
     score: float | None = None
     tiebreak: tuple = ()
     events: list[str] = field(default_factory=list)
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: D | None = None
+
+
+class PartialAttempts(BudgetExhausted):
+    """The budget ran out while inner strategies ran; ``attempts`` are those that finished."""
+
+    def __init__(self, spent: BudgetExhausted, attempts: Sequence[Attempt]) -> None:
+        super().__init__(exc_message(spent))
+        self.attempts: list[Attempt] = list(attempts)
+
+
+class PartialScores(BudgetExhausted):
+    """The budget ran out while scoring; ``scored`` holds every candidate (those not
+    scored in time with ``score=None``)."""
+
+    def __init__(self, spent: BudgetExhausted, scored: Sequence[Scored]) -> None:
+        super().__init__(exc_message(spent))
+        self.scored: list[Scored] = list(scored)
 
 
 class LoopStrategy(Strategy):
@@ -123,11 +162,11 @@ class LoopStrategy(Strategy):
     ``keep="best"`` returns the highest (score, tiebreak), first seen on ties
     (unscored candidates rank below scored ones); ``keep="last"`` returns the
     last candidate. A ``BudgetExhausted`` in any phase ends the loop with the
-    candidates so far (``exc.partial`` may carry a phase's partial results);
-    with no candidate at all it is re-raised.
+    candidates so far (a :class:`PartialAttempts` or :class:`PartialScores`
+    carries what the phase got); with no candidate at all it is re-raised.
     """
 
-    keep: ClassVar[Literal["best", "last"]] = "best"
+    keep: ClassVar[Keep] = "best"
 
     def rounds(self) -> int:
         return 1
@@ -158,14 +197,16 @@ class LoopStrategy(Strategy):
             try:
                 cands = await self.propose(task, ctx, rnd, last)
             except BudgetExhausted as exc:
-                exhausted, cands = exc, list(getattr(exc, "partial", ()))
+                exhausted = exc
+                cands = exc.attempts if isinstance(exc, PartialAttempts) else []
             if not cands:
                 break
             try:
                 last = await self.score(task, ctx, cands)
             except BudgetExhausted as exc:
                 exhausted = exhausted or exc
-                last = list(getattr(exc, "partial", ())) or [Scored(a) for a in cands]
+                last = (exc.scored if isinstance(exc, PartialScores)
+                        else [Scored(a) for a in cands])
             pool.extend(last)
             if exhausted is not None:
                 break
@@ -178,7 +219,8 @@ class LoopStrategy(Strategy):
                 raise exhausted
             raise RefineryError(f"{self.name} produced no candidate")
         chosen = self.select(pool)
-        meta: dict[str, Any] = {**chosen.detail, "rounds": rnd + 1, "candidates": len(pool),
+        detail = chosen.detail.metadata() if chosen.detail is not None else {}
+        meta: dict[str, Any] = {**detail, "rounds": rnd + 1, "candidates": len(pool),
                                 "stopped": "budget" if exhausted is not None else stopped}
         if exhausted is not None:
             meta["budget_exhausted"] = exc_message(exhausted)
@@ -194,22 +236,11 @@ class LoopStrategy(Strategy):
 # ----------------------------------------------------------------------------- helpers
 
 
-def exc_message(exc: BaseException) -> str:
-    return getattr(exc, "message", None) or str(exc)
-
-
-def partial(exc: BudgetExhausted, items: Sequence[Any]) -> BudgetExhausted:
-    """``exc`` carrying the results a phase got before the budget ran out."""
-    out = BudgetExhausted(exc_message(exc))
-    out.partial = list(items)  # read by LoopStrategy.solve
-    return out
-
-
 async def gather_attempts(coros: Iterable[Awaitable[Attempt]]) -> list[Attempt]:
     """Run inner solves concurrently; keep what finished if the budget ran out.
 
     Raises:
-        BudgetExhausted: some runs hit the budget (``.partial`` = the others).
+        PartialAttempts: some runs hit the budget (``.attempts`` = the others).
     """
     results = await asyncio.gather(*coros, return_exceptions=True)
     done = [r for r in results if isinstance(r, Attempt)]
@@ -218,7 +249,7 @@ async def gather_attempts(coros: Iterable[Awaitable[Attempt]]) -> list[Attempt]:
             raise r
     spent = next((r for r in results if isinstance(r, BudgetExhausted)), None)
     if spent is not None:
-        raise partial(spent, done)
+        raise PartialAttempts(spent, done)
     return done
 
 

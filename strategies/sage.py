@@ -9,7 +9,7 @@ from pydantic import Field
 from refinery.engine.context import Context
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Message, Task
-from refinery.strategies.base import LoopStrategy, Scored, StrategyParams, with_note
+from refinery.strategies.base import Detail, LoopStrategy, Scored, StrategyParams, with_note
 from refinery.strategies.cot import CoT
 
 ABSTRACT = """Here is a problem and one attempt at it.
@@ -42,6 +42,13 @@ def clean_plan(text: str) -> tuple[str, int]:
     lines = text.strip().splitlines()
     kept = [ln for ln in lines if not _LEAKS.search(ln)]
     return "\n".join(kept).strip(), len(lines) - len(kept)
+
+
+class PlanNote(Detail):
+    """The plan a rollout followed (None for the first rollout), lifted into the result."""
+
+    plan: str | None = None
+    plan_dropped_lines: int | None = None
 
 
 class SAGE(LoopStrategy):
@@ -78,14 +85,14 @@ class SAGE(LoopStrategy):
     def rounds(self) -> int:
         return self.params.rounds + 1
 
-    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored]:
+    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored[PlanNote]]:
         # No scoring: SAGE keeps the last rollout; lift the plan into the result's metadata.
-        keys = ("plan", "plan_dropped_lines")
-        return [Scored(a, detail={k: a.metadata[k] for k in keys if k in a.metadata})
+        return [Scored(a, detail=PlanNote(plan=a.metadata.get("plan"),
+                                          plan_dropped_lines=a.metadata.get("plan_dropped_lines")))
                 for a in cands]
 
     async def propose(self, task: Task, ctx: Context, rnd: int,
-                      last: list[Scored]) -> list[Attempt]:
+                      last: list[Scored[PlanNote]]) -> list[Attempt]:
         inner = self.inner[0]
         if rnd == 0:
             return [await inner.solve(task, ctx.inner())]

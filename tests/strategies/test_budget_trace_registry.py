@@ -7,7 +7,9 @@ import pytest
 from refinery.engine.context import Budget
 from refinery.engine.errors import BudgetExhausted, SpecError
 from refinery.engine.run import run, solve_one
+from refinery.engine.types import Attempt
 from refinery.strategies import DEI, SSR, CoT, CritiqueRefine, SelfConsistency
+from refinery.strategies.base import PartialAttempts, gather_attempts
 
 from refinery import strategies
 from tests.scripted_backend import ScriptedBackend
@@ -84,3 +86,18 @@ def test_registry_aliases_and_python_construction():
                      "ssr_plan", "sage", "dei"]
     dei = next(d for d in strategies.describe() if d["name"] == "dei")
     assert dei["params"]["votes"]["default"] == 10 and dei["inner"] == "1..any"
+
+
+async def test_a_spent_budget_carries_the_finished_attempts_as_a_type() -> None:
+    done = Attempt(text="\\boxed{4}", answer="4")
+
+    async def finished() -> Attempt:
+        return done
+
+    async def spent() -> Attempt:
+        raise BudgetExhausted("call budget of 1 spent")
+
+    with pytest.raises(PartialAttempts) as info:
+        await gather_attempts([finished(), spent()])
+    assert isinstance(info.value, BudgetExhausted) and info.value.attempts == [done]
+    assert info.value.message == "call budget of 1 spent"
