@@ -1,4 +1,4 @@
-"""Traces -> training data: verified SFT rows and preference pairs (methods.md, "Distillation").
+"""Traces -> training data: verified SFT rows and preference pairs (after RAFT / RLoop).
 
 Input is one or more eval run directories (``results.jsonl`` + ``traces.jsonl``,
 as :mod:`refinery.eval.runner` writes them). Every solution-writing generation in a

@@ -1,4 +1,4 @@
-"""The sample -> verify -> build -> train -> evaluate loop (RAFT / RLoop, methods.md).
+"""The sample -> verify -> build -> train -> evaluate loop (after RAFT / RLoop).
 
 Each round:
 
@@ -46,6 +46,7 @@ from refinery.distill.dataset import BuildStats, build, gold_sft_rows
 from refinery.distill.schema import DistillError, read_rows
 from refinery.distill.train import TRAIN_RECORD, TrainConfig, TrainResult, read_train_record
 from refinery.engine.backends.base import Backend
+from refinery.engine.models import DEFAULT_MODEL
 from refinery.eval.datasets import Example, load_dataset
 from refinery.eval.metrics import Accuracy
 from refinery.eval.runner import EvalConfig, RunSummary, run_eval
@@ -75,7 +76,7 @@ class LoopConfig(BaseModel):
     rounds: int = Field(1, ge=1)
     train_size: int = Field(200, ge=1)
     eval_size: int = Field(100, ge=1)
-    base: str = "smollm2-135m"
+    base: str = DEFAULT_MODEL
     out: str = "runs/distill"
     eval_strategy: str = "cot"
     sample_temperature: float = Field(0.7, ge=0.0, le=2.0)

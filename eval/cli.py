@@ -18,6 +18,7 @@ from enum import Enum
 import typer
 from pydantic import ValidationError
 from refinery.engine.errors import RefineryError
+from refinery.engine.models import DEFAULT_MODEL
 
 __all__ = ["eval_app"]
 
@@ -51,7 +52,7 @@ def run_cmd(
     dataset: str = typer.Option(..., help="gsm8k | math500 | humaneval | arith | path.jsonl"),
     strategy: str = typer.Option(..., help='strategy spec, e.g. "sc(cot, n=4)"'),
     out: str = typer.Option(..., help="run directory (rerun the same command to resume)"),
-    model: str = typer.Option("smollm2-135m", help="registered name, local dir or hub id"),
+    model: str = typer.Option(DEFAULT_MODEL, help="registered name, local dir or hub id"),
     limit: int = typer.Option(None, min=0, help="first N problems (arith: N generated)"),
     split: SplitKind = typer.Option(SplitKind.test),
     data_path: str = typer.Option(None, help="local JSONL (file or dir) for gsm8k / math500"),

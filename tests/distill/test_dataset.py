@@ -14,6 +14,7 @@ from refinery.distill.dataset import (
     load_candidates,
 )
 from refinery.distill.schema import DistillError, read_rows
+from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.types import Message
 from refinery.eval.datasets import load_arith
 
@@ -96,7 +97,7 @@ def test_rescued_prompt_is_double_weighted_and_pairs_come_from_the_edge(tmp_path
     assert (md["step"], md["iteration"], md["strategy"]) == ("refine", 1, "critique_refine")
     assert md["verifier"] == "eval:math"  # the final attempt keeps the runner's verdict
     assert md["source_run"].endswith("run") and md["problem_id"] == "p1"
-    assert md["model"] == "smollm2-135m" and md["answer"] == "7"
+    assert md["model"] == DEFAULT_MODEL and md["answer"] == "7"
     assert "gold" not in md  # the gold answer is for verification only
     # One preference pair, from the refinement edge: rejected is the wrong draft.
     assert len(pairs) == 1
