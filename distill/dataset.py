@@ -63,7 +63,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import networkx as nx
 from pydantic import BaseModel, Field
@@ -79,7 +79,8 @@ from refinery.distill.schema import (
     scaffold_leak,
     write_rows,
 )
-from refinery.engine.trace import Trace, read_traces
+from refinery.engine.trace import StepKind, Trace, read_traces
+from refinery.engine.types import FinishReason
 from refinery.strategies.cot import INSTRUCTION as COT_INSTRUCTION
 from refinery.verifiers.math import extract_answer, extract_boxed, is_equivalent, normalize_answer
 
@@ -189,8 +190,8 @@ class Candidate:
     problem_id: str
     run: str
     raw: str
-    finish_reason: str = "stop"
-    step: str = "draft"
+    finish_reason: FinishReason = "stop"
+    step: StepKind | Literal["gold_solution"] = "draft"
     strategy: str = ""
     run_strategy: str = ""
     model: str = ""
