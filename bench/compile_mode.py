@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 # Sets the same vLLM environment (KV cache, cores) as the strategy bench; no vllm import.
+from refinery.engine.models import DEFAULT_MODEL  # noqa: E402
 from strategy_throughput import VLLMConfig, engine_kwargs  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper who counts ships."
@@ -70,7 +71,7 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 48, 128])
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--measure", choices=["eager", "compiled"], help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.measure:

@@ -28,13 +28,14 @@ PROMPT = "Solve step by step, then write 'The answer is N.'\n\n{q}"
 async def main(a: argparse.Namespace) -> None:
     from refinery.engine.backends.vllm import VLLMBackend
     from refinery.engine.loops import CusumLoopDetector
+    from refinery.engine.models import DEFAULT_MODEL
     from refinery.engine.types import Message, SamplingParams
 
     rows = [json.loads(x) for x in (GSM8K / "test.jsonl").read_text().splitlines()]
     msgs = [[Message(role="user", content=PROMPT.format(q=r["question"]))]
             for r in rows[: a.requests]]
     params = SamplingParams(temperature=0, max_tokens=a.max_tokens)
-    be = await VLLMBackend.create("smollm2-135m")
+    be = await VLLMBackend.create(DEFAULT_MODEL)
     await be.generate(msgs[0], params)  # warm-up
     times: dict[str, list[float]] = {"off": [], "on": []}
     tokens: dict[str, int] = {}

@@ -258,13 +258,14 @@ def calibrate(rows: list[dict], gold: list[str], min_precision: float = 0.95,
 async def e2e(held: list[dict], questions: list[str], max_tokens: int) -> None:
     """Held-out greedy prompts through the real backend, monitor off vs on."""
     from refinery.engine.backends.vllm import VLLMBackend
+    from refinery.engine.models import DEFAULT_MODEL
     from refinery.engine.types import Message, SamplingParams
 
     sys.path.insert(0, str(ROOT / "scripts"))
     from make_loop_set import PROMPT, repeat_onset
 
     greedy = [r for r in held if r["sampling"] == "greedy"]
-    backend = await VLLMBackend.create("smollm2-135m")
+    backend = await VLLMBackend.create(DEFAULT_MODEL)
     tok = backend.tokenizer
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
 

@@ -24,12 +24,13 @@ from pathlib import Path
 import httpx
 import openai
 from refinery.engine.backends.vllm import all_cpus
+from refinery.engine.models import DEFAULT_MODEL
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 # vLLM's own engines get the same cores as VLLMBackend.
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", all_cpus())
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-MODEL = "smollm2-135m"
+MODEL = DEFAULT_MODEL
 BIN = Path(sys.executable).parent
 
 

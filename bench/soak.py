@@ -42,8 +42,9 @@ from pathlib import Path
 
 import httpx
 import openai
+from refinery.engine.models import DEFAULT_MODEL
 
-MODEL = "smollm2-135m"
+MODEL = DEFAULT_MODEL
 BIN = Path(sys.executable).parent
 KINDS = ("passthrough", "stream", "sc")
 PROMPTS = [f"What is {a} + {b}? Answer with the number." for a, b in

@@ -57,6 +57,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from refinery.engine.backends.vllm import VLLMConfig, all_cpus  # noqa: E402 (no vllm import)
+from refinery.engine.models import DEFAULT_MODEL  # noqa: E402
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 # vLLM's own engines get the same cores as VLLMBackend.
@@ -323,7 +324,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=64)
     ap.add_argument("--seq-tasks", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=512)
-    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--budget", type=int, default=VLLMConfig.max_num_batched_tokens,
                     help="max_num_batched_tokens of both engines (VLLMConfig's default)")
     ap.add_argument("--dag", action="store_true",

@@ -8,9 +8,9 @@ Imports engine, verifiers, strategies and eval only (never serving or refinery).
 - :mod:`refinery.distill.loop` repeats sample -> verify -> build -> train -> evaluate.
 
 Example:
-    >>> from distill import build, train
+    >>> from refinery.distill import build, train
     >>> stats = build(["runs/sc4-train"], "out/sft.jsonl", "out/pairs.jsonl")
-    >>> result = train("out/sft.jsonl", base="smollm2-135m", out="models/arith-r1")
+    >>> result = train("out/sft.jsonl", out="models/arith-r1")
 """
 
 from refinery.distill.dataset import (

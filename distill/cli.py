@@ -6,7 +6,7 @@ option) prints one ``error:`` line and exits with status 2.
 
 Example:
     $ refinery distill build --runs runs/sc4-train --sft out/sft.jsonl --pairs out/pairs.jsonl
-    $ refinery distill train --sft out/sft.jsonl --base smollm2-135m --out models/arith-r1
+    $ refinery distill train --sft out/sft.jsonl --out models/arith-r1
     $ refinery distill loop --dataset arith --strategy "sc(cot, n=4)" --rounds 1
 """
 
@@ -20,6 +20,7 @@ import typer
 from pydantic import ValidationError
 from refinery.engine.console import INTERRUPTED, USAGE, fail
 from refinery.engine.errors import RefineryError
+from refinery.engine.models import DEFAULT_MODEL
 
 __all__ = ["distill_app"]
 
@@ -83,7 +84,7 @@ def build_cmd(
 def train_cmd(
     sft: str = typer.Option(..., help="SFT JSONL from `distill build`"),
     out: str = typer.Option(..., help="directory of the merged checkpoint"),
-    base: str = typer.Option("smollm2-135m", help="registered model name or checkpoint dir"),
+    base: str = typer.Option(DEFAULT_MODEL, help="registered model name or checkpoint dir"),
     pairs: str = typer.Option(None, help="preference JSONL: DPO after SFT"),
     max_steps: int = typer.Option(None, min=1, help="optimizer steps (overrides --epochs)"),
     epochs: float = typer.Option(1.0, min=0.01),
@@ -130,7 +131,7 @@ def loop_cmd(
     rounds: int = typer.Option(1, min=1),
     train_size: int = typer.Option(200, min=1, help="train-split problems sampled per round"),
     eval_size: int = typer.Option(100, min=1, help="held-out test problems"),
-    base: str = typer.Option("smollm2-135m", help="starting model"),
+    base: str = typer.Option(DEFAULT_MODEL, help="starting model"),
     out: str = typer.Option("runs/distill", help="loop directory (rerun to resume)"),
     max_tokens: int = typer.Option(384, min=1, help="max new tokens per generation"),
     sample_temperature: float = typer.Option(0.7, min=0.0, max=2.0),

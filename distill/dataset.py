@@ -1,4 +1,4 @@
-"""Traces -> training data: verified SFT rows and preference pairs (methods.md, "Distillation").
+"""Traces -> training data: verified SFT rows and preference pairs (after RAFT / RLoop).
 
 Input is one or more eval run directories (``results.jsonl`` + ``traces.jsonl``,
 as :mod:`refinery.eval.runner` writes them). Every solution-writing generation in a
@@ -63,7 +63,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import networkx as nx
 from pydantic import BaseModel, Field
@@ -79,7 +79,9 @@ from refinery.distill.schema import (
     scaffold_leak,
     write_rows,
 )
-from refinery.engine.trace import Trace, read_traces
+from refinery.engine.trace import StepKind, Trace, read_traces
+from refinery.engine.types import FinishReason
+from refinery.strategies.cot import INSTRUCTION as COT_INSTRUCTION
 from refinery.verifiers.math import extract_answer, extract_boxed, is_equivalent, normalize_answer
 
 __all__ = [
@@ -188,8 +190,8 @@ class Candidate:
     problem_id: str
     run: str
     raw: str
-    finish_reason: str = "stop"
-    step: str = "draft"
+    finish_reason: FinishReason = "stop"
+    step: StepKind | Literal["gold_solution"] = "draft"
     strategy: str = ""
     run_strategy: str = ""
     model: str = ""
@@ -293,16 +295,34 @@ def _read_results(path: Path) -> dict[str, dict[str, Any]]:
     return rows
 
 
-def _prompt_from_trace(trace: Trace) -> str | None:
-    """The task question, from the first draft's request (minus cot's instruction)."""
-    from refinery.strategies.cot import INSTRUCTION
+def _question_of(row: dict[str, Any] | None, trace: Trace | None) -> str | None:
+    """The task question: as the trace recorded it, else the result line's prompt,
+    else (traces written before the task was recorded) recovered from the request."""
+    if trace is not None and trace.task is not None:
+        return trace.task.question
+    if row is not None and row.get("prompt"):
+        return str(row["prompt"])
+    return _prompt_from_draft(trace) if trace is not None else None
 
+
+def _prompt_from_draft(trace: Trace) -> str | None:
+    """The first draft's request minus cot's instruction (for old traces only)."""
     for e in trace.events:
         if e.kind == "generation" and e.step == "draft" and e.messages:
             users = [m.content for m in e.messages if m.role == "user"]
             if users:
                 q = users[-1]
-                return q[: -len(INSTRUCTION)].rstrip() if q.endswith(INSTRUCTION) else q
+                return (q[: -len(COT_INSTRUCTION)].rstrip() if q.endswith(COT_INSTRUCTION)
+                        else q)
+    return None
+
+
+def _gold_of(row: dict[str, Any] | None, trace: Trace | None) -> str | None:
+    """The gold answer from the result line, else from the trace's task record."""
+    if row is not None and row.get("gold") not in (None, ""):
+        return str(row["gold"])
+    if trace is not None and trace.task is not None and trace.task.gold not in (None, ""):
+        return trace.task.gold
     return None
 
 
@@ -375,7 +395,7 @@ def load_candidates(runs: Sequence[str | Path]) -> tuple[list[_Problem], BuildSt
         for row, trace in items:
             info = row or {}
             pid = trace.task_id if trace is not None else str(info["id"])
-            prompt = info.get("prompt") or (_prompt_from_trace(trace) if trace else None)
+            prompt = _question_of(row, trace)
             if not prompt:
                 continue
             run_strategy = ((trace.strategy if trace else "") or info.get("strategy")
@@ -400,8 +420,8 @@ def load_candidates(runs: Sequence[str | Path]) -> tuple[list[_Problem], BuildSt
                 prob = problems[key] = _Problem(
                     key=key, prompt=prompt, problem_id=pid, dataset=dataset,
                     level=info.get("level"), verifier_name=vname)
-            if prob.gold is None and row is not None and row.get("gold") not in (None, ""):
-                prob.gold = str(row["gold"])
+            if prob.gold is None:
+                prob.gold = _gold_of(row, trace)
             prob.runs.add(str(run))
             prob.candidates += cands
             prob.graphs[f"{run}::{pid}"] = g

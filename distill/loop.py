@@ -1,4 +1,4 @@
-"""The sample -> verify -> build -> train -> evaluate loop (RAFT / RLoop, methods.md).
+"""The sample -> verify -> build -> train -> evaluate loop (after RAFT / RLoop).
 
 Each round:
 
@@ -47,6 +47,7 @@ from refinery.distill.schema import DistillError, read_rows
 from refinery.distill.train import TRAIN_RECORD, TrainConfig, TrainResult, read_train_record
 from refinery.engine.backends.base import Backend
 from refinery.engine.backends.factory import BackendSpec, make_backend
+from refinery.engine.models import DEFAULT_MODEL
 from refinery.eval.datasets import Example, load_dataset
 from refinery.eval.metrics import Accuracy
 from refinery.eval.runner import EvalConfig, RunSummary, run_eval
@@ -76,7 +77,7 @@ class LoopConfig(BaseModel):
     rounds: int = Field(1, ge=1)
     train_size: int = Field(200, ge=1)
     eval_size: int = Field(100, ge=1)
-    base: str = "smollm2-135m"
+    base: str = DEFAULT_MODEL
     out: str = "runs/distill"
     eval_strategy: str = "cot"
     sample_temperature: float = Field(0.7, ge=0.0, le=2.0)

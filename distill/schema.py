@@ -1,6 +1,6 @@
 """Pydantic schemas of the training rows distillation writes, and their JSONL I/O.
 
-Rows follow TRL's conversational formats (see shared/design/conventions.md):
+Rows follow TRL's conversational dataset formats:
 
 - SFT, ``messages``: ``{"messages": [user, assistant], "metadata": {...}}``;
 - SFT, ``prompt``/``completion``: ``{"prompt": [user], "completion": [assistant], ...}``
@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from refinery.engine.errors import InvalidRequestError
+from refinery.engine.models import DEFAULT_MODEL
 
 __all__ = [
     "DistillError",
@@ -231,7 +232,7 @@ def example_provenance(*, pair: bool = False, **changes: Any) -> dict[str, Any]:
     base: dict[str, Any] = {
         "source_run": "runs/example", "problem_id": "q1", "dataset": "arith", "level": 1,
         "run_strategy": "cot", "strategy": "cot", "step": "draft", "iteration": 0,
-        "event_id": "e1", "verifier": "math", "model": "smollm2-135m", "weight": 1.0,
+        "event_id": "e1", "verifier": "math", "model": DEFAULT_MODEL, "weight": 1.0,
         "rescued": False, "easy": False, "answer": "4"}
     if pair:
         base.update(pair_source="correct_incorrect", rejected_strategy="cot",

@@ -1,8 +1,8 @@
 """LoRA fine-tuning on distilled rows (TRL + peft, CPU), merged into a plain HF checkpoint.
 
 SFT with TRL's ``SFTTrainer`` and a peft LoRA (r=16, all linear layers) on the
-base checkpoint (``refinery.engine.models.resolve_model``: a registered name such as
-``smollm2-135m``, or a local checkpoint directory, e.g. the previous round of
+base checkpoint (``refinery.engine.models.resolve_model``: a registered name, by default
+the embedded ``DEFAULT_MODEL``, or a local checkpoint directory, e.g. the previous round of
 the loop); then, when preference rows are given, DPO with ``DPOTrainer`` and a
 fresh LoRA on the SFT-merged model (its reference is that same model with the
 adapter disabled). Each stage ends in ``merge_and_unload()``; the result is
@@ -33,7 +33,7 @@ Details that matter:
 Measured here (2 cores): 8 steps of batch 8, max_length 512 about 200 s.
 
 Example:
-    >>> result = train("out/sft.jsonl", base="smollm2-135m", out="models/arith-r1",
+    >>> result = train("out/sft.jsonl", out="models/arith-r1",
     ...                max_steps=8)
     >>> result.eval_loss_before, result.eval_loss_after
     (1.92, 1.41)
@@ -54,6 +54,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 from refinery.distill.schema import DistillError, MessagesRow, PairRow, read_rows
+from refinery.engine.models import DEFAULT_MODEL
 
 __all__ = ["TRAIN_RECORD", "TrainConfig", "TrainResult", "default_threads", "expand_weights",
            "read_train_record", "train"]
@@ -71,7 +72,7 @@ class TrainConfig(BaseModel):
 
     sft_path: str
     out: str
-    base: str = "smollm2-135m"
+    base: str = DEFAULT_MODEL
     pairs_path: str | None = None
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, ge=1, description="overrides epochs")
@@ -221,7 +222,7 @@ def _common_args(cfg: TrainConfig, scratch: str) -> dict[str, Any]:
                 warmup_steps=0, remove_unused_columns=True)
 
 
-def train(sft_path: str | os.PathLike[str], base: str = "smollm2-135m",
+def train(sft_path: str | os.PathLike[str], base: str = DEFAULT_MODEL,
           out: str | os.PathLike[str] = "models/distilled",
           pairs_path: str | os.PathLike[str] | None = None, **options: Any) -> TrainResult:
     """LoRA SFT (then DPO if ``pairs_path``) of ``base`` on ``sft_path``; save a merged model.

@@ -9,17 +9,24 @@ OpenAI error body (``{"error": {"message", "type", "param", "code"}}``) with
     │   ├── SpecError                   400   bad strategy spec / parameter
     │   ├── PromptTooLongError          400   prompt over the context window
     │   └── BudgetError                 400   budget asked for exceeds the cap
-    ├── AuthenticationError             401
-    ├── NotFoundError                   404
+    ├── AuthenticationError             401 authentication_error
+    ├── NotFoundError                   404 not_found_error
     │   └── UnknownModelError           404   lists the known models
-    ├── OverCapacityError               429   too many requests in flight
-    ├── BudgetExhausted                 (internal: a strategy ran out of budget)
-    ├── BackendError                    502   upstream/engine failed a request
-    │   └── BackendUnavailableError     503   engine not ready or dead
-    ├── EngineStartError                503   engine failed to start (memory hints)
-    ├── SandboxError                    500   the code sandbox itself failed
-    └── StorageError                    500   a result/trace line could not be written
-                                              (also an OSError: disk full, read-only)
+    ├── OverCapacityError               429 rate_limit_error   too many requests in flight
+    ├── BudgetExhausted                 400 budget_exhausted   a strategy ran out of budget
+    │                                         (strategies catch it and keep their best attempt)
+    ├── BackendError                    502 backend_error      upstream/engine failed a request
+    │   └── BackendUnavailableError     503 service_unavailable  engine not ready or dead
+    │       └── EngineStartError        503   engine failed to start (memory hints)
+    ├── SandboxError                    500 internal_error     the code sandbox itself failed
+    └── StorageError (also OSError)     500 storage_error      a result/trace line could not
+                                              be written (disk full, read-only)
+
+Subclasses that belong to one layer live there: ``PartialAttempts`` and
+``PartialScores`` (BudgetExhausted carrying what a phase got, strategies/base.py),
+``DatasetError``, ``ConfigMismatchError``, ``RunAborted`` and ``StrategyCrash``
+(eval), ``DistillError`` (distill). Callers decide by ``isinstance`` on these
+classes, never by the text of a message.
 """
 
 from __future__ import annotations

@@ -68,7 +68,10 @@ class StrategyEntry(Protocol):
 
     def worst_case(self, params: BaseModel, children: Sequence[ChildCost]) -> int: ...
 
-    def build(self, inner: Sequence[Any], params: dict[str, Any]) -> Any: ...
+    def build(self, inner: Sequence[Any], params: BaseModel) -> Any:
+        """The strategy of a node :func:`validate` checked: ``params`` is already the
+        validated model and ``inner`` the right number of built children."""
+        ...
 
 
 Registry = Mapping[str, StrategyEntry]
@@ -210,6 +213,18 @@ def validate_params(name: str, model: type[BaseModel], kwargs: Mapping[str, Any]
         raise SpecError(msg, param=field) from None
 
 
+def check_inner_count(name: str, lo: int, hi: int | None, got: int) -> None:
+    """Refuse a wrong number of inner strategies (the graph and Python construction).
+
+    Raises:
+        SpecError: e.g. "sc takes 1 inner strategy, got 2".
+    """
+    if got < lo or (hi is not None and got > hi):
+        want = f"{lo}" if lo == hi else f"{lo} to {hi if hi is not None else 'any number'}"
+        raise SpecError(f"{name} takes {want} inner strateg{'y' if want == '1' else 'ies'}, "
+                        f"got {got}", param="strategy")
+
+
 def type_name(tp: Any) -> str:
     """A readable name for a type annotation: ``int``, ``float | None``, ``'a' | 'b'``."""
     args = get_args(tp)
@@ -265,12 +280,7 @@ def validate(g: nx.DiGraph, registry: Registry, *, max_depth: int = DEFAULT_MAX_
             for order, sub in enumerate(entry.default_inner):
                 _graft(g, nid, parse_spec(sub), order, ids)
             kids = children(g, nid)
-        lo, hi = entry.min_inner, entry.max_inner
-        if len(kids) < lo or (hi is not None and len(kids) > hi):
-            want = f"{lo}" if lo == hi else f"{lo} to {hi if hi is not None else 'any number'}"
-            raise SpecError(f"{entry.name} takes {want} inner strateg"
-                            f"{'y' if want == '1' else 'ies'}, got {len(kids)}",
-                            param="strategy")
+        check_inner_count(entry.name, entry.min_inner, entry.max_inner, len(kids))
         if len(kids) > max_fanout:
             raise SpecError(f"{entry.name} has {len(kids)} inner strategies, above the "
                             f"fan-out limit of {max_fanout}", param="strategy")
@@ -329,7 +339,7 @@ def instantiate(g: nx.DiGraph, nid: str | None = None) -> Any:
     nid = g.graph["root"] if nid is None else nid
     data = g.nodes[nid]
     inner = [instantiate(g, k) for k in children(g, nid)]
-    return data["entry"].build(inner, data["kwargs"])
+    return data["entry"].build(inner, data["params"])
 
 
 def build_strategy(spec: str, registry: Registry, *, max_calls: int | None = DEFAULT_MAX_CALLS,

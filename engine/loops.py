@@ -6,8 +6,8 @@ Contract used by the backends: ``LoopDetector`` is configuration;
 loop, else ``None``. On an alarm the caller stops the generation and keeps
 ``text[:alarm.onset]``.
 
-The detector, ``CusumLoopDetector`` (our design, after methods.md "CUSUM loop
-detection"; the paper's code is not public):
+The detector, ``CusumLoopDetector`` (our design, a standard one-sided CUSUM after
+the Circular Reasoning / LoopBench paper, whose code is not public):
 
 1. The stream is cut into *units*: words, groups of up to 3 digits, and single
    punctuation marks; a new *step* starts after a newline or after ``.!?:`` and a

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import networkx as nx
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 from refinery.engine.errors import StorageError
-from refinery.engine.types import Attempt, Completion, Message, Usage
+from refinery.engine.types import Attempt, Completion, Message, TaskRecord, Usage
 
 EventKind = Literal["generation", "step", "verdict", "error"]
 StepKind = Literal["draft", "critique", "decompose", "resolve", "refine", "plan",
@@ -61,9 +61,15 @@ class TraceEvent(BaseModel):
 
 
 class Trace(BaseModel):
-    """All events of one task, plus its final attempt."""
+    """All events of one task, plus its final attempt.
+
+    ``error`` is the text of what ended the task without an attempt; in the
+    process that ran it, :attr:`exception` is the exception itself, so callers
+    decide by its type (it is not written to the file).
+    """
 
     task_id: str
+    task: TaskRecord | None = None  # None in traces written before it was recorded
     strategy: str = ""
     model: str = ""
     events: list[TraceEvent] = Field(default_factory=list)
@@ -71,6 +77,17 @@ class Trace(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     seconds: float = 0.0
     error: str | None = None
+    _exception: BaseException | None = PrivateAttr(default=None)
+
+    @property
+    def exception(self) -> BaseException | None:
+        """The exception behind ``error`` (None when read back from a file)."""
+        return self._exception
+
+    def fail(self, exc: BaseException, message: str | None = None) -> None:
+        """Record ``exc`` as what ended the task (``message`` overrides the text)."""
+        self._exception = exc
+        self.error = message or f"{type(exc).__name__}: {exc}"
 
     def add(self, event: TraceEvent) -> str:
         if not event.id:

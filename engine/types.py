@@ -128,6 +128,22 @@ class Task(BaseModel):
                 return m.content
         return self.messages[-1].content if self.messages else ""
 
+    def record(self, gold: str | None = None) -> TaskRecord:
+        """What a trace keeps of this task, with the gold answer when the caller knows it."""
+        return TaskRecord(id=self.id, question=self.question, gold=gold)
+
+
+class TaskRecord(BaseModel):
+    """The task a trace belongs to, as asked (no strategy's instructions added).
+
+    Distillation reads the question and gold from here. ``gold`` is for readers
+    of the trace only: the Task a strategy solves never carries it.
+    """
+
+    id: str
+    question: str
+    gold: str | None = None
+
 
 class Attempt(BaseModel):
     """A strategy's result for one task.

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 from refinery.eval.datasets import Example
-from refinery.verifiers.base import Verdict, Verifier, get_verifier
+from refinery.verifiers.base import Verdict, Verifier
 from refinery.verifiers.code import extract_code
 from refinery.verifiers.math import (
     extract_answer,
@@ -28,6 +28,7 @@ from refinery.verifiers.math import (
     extract_gsm8k_strict,
     gsm8k_normalize,
 )
+from refinery.verifiers.registry import get_verifier
 
 __all__ = [
     "Accuracy",

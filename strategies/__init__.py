@@ -1,7 +1,7 @@
 """Refinement strategies as composable combinators, and their registry.
 
 Example:
-    >>> import strategies
+    >>> from refinery import strategies
     >>> s = strategies.build("dei(ssr, critique_refine(rounds=2), sage(cot), votes=5)")
     >>> attempt = await s.solve(task, ctx)
 """

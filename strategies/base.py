@@ -24,14 +24,26 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted, RefineryError, SpecError
-from refinery.engine.graph import ChildCost, format_call, non_default, validate_params
+from refinery.engine.graph import (
+    ChildCost,
+    check_inner_count,
+    format_call,
+    non_default,
+    validate_params,
+)
 from refinery.engine.types import Attempt, Completion, Message, Task
 from refinery.verifiers.math import extract_answer
+
+Keep = Literal["best", "last"]
+
+
+def exc_message(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, RefineryError) else str(exc)
 
 
 class StrategyParams(BaseModel):
@@ -40,33 +52,48 @@ class StrategyParams(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+S = TypeVar("S", bound="Strategy")
+
+
 class Strategy:
     """Base class: ``Strategy(*inner, **params)``.
 
     Subclasses set ``name``, a nested ``Params`` model (the paper's defaults),
-    how many inner strategies they take and the default inner specs, and a
-    ``worst_case`` call count used by the graph to bound cost.
+    how many inner strategies they take and the classes of their default inner
+    strategies, and a ``worst_case`` call count used by the graph to bound cost.
+
+    Checking is done once per path, by the same functions of
+    :mod:`refinery.engine.graph` (so the messages are the same): a spec is
+    checked by the graph, which builds each node with :meth:`from_validated`;
+    Python construction (``SelfConsistency(CoT(), n=4)``) is checked here.
     """
 
     name: ClassVar[str] = ""
     Params: ClassVar[type[StrategyParams]] = StrategyParams
     min_inner: ClassVar[int] = 0
     max_inner: ClassVar[int | None] = 0
-    default_inner: ClassVar[tuple[str, ...]] = ()
+    # Built with their own defaults when no inner strategy is given; the graph
+    # grafts them by name, so each must be a registered strategy class.
+    default_inner: ClassVar[tuple[type[Strategy], ...]] = ()
 
     def __init__(self, *inner: Strategy, **params: Any) -> None:
-        if not inner and self.default_inner:
-            # Imported here: the registry imports every strategy module.
-            from refinery.strategies.registry import build
-            inner = tuple(build(spec, max_calls=None) for spec in self.default_inner)
-        lo, hi = self.min_inner, self.max_inner
-        if len(inner) < lo or (hi is not None and len(inner) > hi):
-            raise SpecError(f"{self.name} takes {lo}..{hi} inner strategies, got {len(inner)}")
+        if not inner:
+            inner = tuple(cls() for cls in self.default_inner)
+        check_inner_count(self.name, self.min_inner, self.max_inner, len(inner))
         for s in inner:
             if not callable(getattr(s, "solve", None)):
                 raise SpecError(f"inner strategies of {self.name} must have solve(), got {s!r}")
         self.inner: tuple[Strategy, ...] = tuple(inner)
         self.params = validate_params(self.name, self.Params, params)
+
+    @classmethod
+    def from_validated(cls: type[S], inner: Sequence[Strategy], params: StrategyParams) -> S:
+        """The strategy of a graph node: :func:`~refinery.engine.graph.validate` already
+        checked ``params`` and the number of ``inner`` strategies, so nothing is redone."""
+        strategy = cls.__new__(cls)
+        strategy.inner = tuple(inner)
+        strategy.params = params
+        return strategy
 
     @staticmethod
     def worst_case(params: Any, children: Sequence[ChildCost]) -> int:
@@ -83,17 +110,50 @@ class Strategy:
 # --------------------------------------------------------------------------- the loop
 
 
+class Detail(BaseModel):
+    """What a strategy's ``score`` step learnt about a candidate, typed per strategy.
+
+    It is handed to the strategy's later steps (``propose``, ``stop``) and, for
+    the chosen candidate, its non-None fields become the result's metadata.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    def metadata(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+D = TypeVar("D", bound=Detail)
+
+
 @dataclass
-class Scored:
+class Scored(Generic[D]):
     """A candidate with its score in [0, 1] (``None``: not scored, e.g. the budget ran
     out first), a tie-break key (compared after the score, higher wins), the trace
-    events of its scoring and details that go into the result's metadata."""
+    events of its scoring and the strategy's typed :class:`Detail` (``None``: none)."""
 
     attempt: Attempt
     score: float | None = None
     tiebreak: tuple = ()
     events: list[str] = field(default_factory=list)
-    detail: dict[str, Any] = field(default_factory=dict)
+    detail: D | None = None
+
+
+class PartialAttempts(BudgetExhausted):
+    """The budget ran out while inner strategies ran; ``attempts`` are those that finished."""
+
+    def __init__(self, spent: BudgetExhausted, attempts: Sequence[Attempt]) -> None:
+        super().__init__(exc_message(spent))
+        self.attempts: list[Attempt] = list(attempts)
+
+
+class PartialScores(BudgetExhausted):
+    """The budget ran out while scoring; ``scored`` holds every candidate (those not
+    scored in time with ``score=None``)."""
+
+    def __init__(self, spent: BudgetExhausted, scored: Sequence[Scored]) -> None:
+        super().__init__(exc_message(spent))
+        self.scored: list[Scored] = list(scored)
 
 
 class LoopStrategy(Strategy):
@@ -102,11 +162,11 @@ class LoopStrategy(Strategy):
     ``keep="best"`` returns the highest (score, tiebreak), first seen on ties
     (unscored candidates rank below scored ones); ``keep="last"`` returns the
     last candidate. A ``BudgetExhausted`` in any phase ends the loop with the
-    candidates so far (``exc.partial`` may carry a phase's partial results);
-    with no candidate at all it is re-raised.
+    candidates so far (a :class:`PartialAttempts` or :class:`PartialScores`
+    carries what the phase got); with no candidate at all it is re-raised.
     """
 
-    keep: ClassVar[Literal["best", "last"]] = "best"
+    keep: ClassVar[Keep] = "best"
 
     def rounds(self) -> int:
         return 1
@@ -137,14 +197,16 @@ class LoopStrategy(Strategy):
             try:
                 cands = await self.propose(task, ctx, rnd, last)
             except BudgetExhausted as exc:
-                exhausted, cands = exc, list(getattr(exc, "partial", ()))
+                exhausted = exc
+                cands = exc.attempts if isinstance(exc, PartialAttempts) else []
             if not cands:
                 break
             try:
                 last = await self.score(task, ctx, cands)
             except BudgetExhausted as exc:
                 exhausted = exhausted or exc
-                last = list(getattr(exc, "partial", ())) or [Scored(a) for a in cands]
+                last = (exc.scored if isinstance(exc, PartialScores)
+                        else [Scored(a) for a in cands])
             pool.extend(last)
             if exhausted is not None:
                 break
@@ -157,7 +219,8 @@ class LoopStrategy(Strategy):
                 raise exhausted
             raise RefineryError(f"{self.name} produced no candidate")
         chosen = self.select(pool)
-        meta: dict[str, Any] = {**chosen.detail, "rounds": rnd + 1, "candidates": len(pool),
+        detail = chosen.detail.metadata() if chosen.detail is not None else {}
+        meta: dict[str, Any] = {**detail, "rounds": rnd + 1, "candidates": len(pool),
                                 "stopped": "budget" if exhausted is not None else stopped}
         if exhausted is not None:
             meta["budget_exhausted"] = exc_message(exhausted)
@@ -173,22 +236,11 @@ class LoopStrategy(Strategy):
 # ----------------------------------------------------------------------------- helpers
 
 
-def exc_message(exc: BaseException) -> str:
-    return getattr(exc, "message", None) or str(exc)
-
-
-def partial(exc: BudgetExhausted, items: Sequence[Any]) -> BudgetExhausted:
-    """``exc`` carrying the results a phase got before the budget ran out."""
-    out = BudgetExhausted(exc_message(exc))
-    out.partial = list(items)  # read by LoopStrategy.solve
-    return out
-
-
 async def gather_attempts(coros: Iterable[Awaitable[Attempt]]) -> list[Attempt]:
     """Run inner solves concurrently; keep what finished if the budget ran out.
 
     Raises:
-        BudgetExhausted: some runs hit the budget (``.partial`` = the others).
+        PartialAttempts: some runs hit the budget (``.attempts`` = the others).
     """
     results = await asyncio.gather(*coros, return_exceptions=True)
     done = [r for r in results if isinstance(r, Attempt)]
@@ -197,7 +249,7 @@ async def gather_attempts(coros: Iterable[Awaitable[Attempt]]) -> list[Attempt]:
             raise r
     spent = next((r for r in results if isinstance(r, BudgetExhausted)), None)
     if spent is not None:
-        raise partial(spent, done)
+        raise PartialAttempts(spent, done)
     return done
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Literal
 
 from pydantic import Field
@@ -11,7 +12,14 @@ from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted, RefineryError
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Message, Task
-from refinery.strategies.base import LoopStrategy, Scored, StrategyParams, gather_attempts, partial
+from refinery.strategies.base import (
+    Detail,
+    LoopStrategy,
+    PartialScores,
+    Scored,
+    StrategyParams,
+    gather_attempts,
+)
 from refinery.strategies.cot import CoT
 from refinery.verifiers.judge import parse_score
 
@@ -28,6 +36,15 @@ solution from 1 (wrong) to 10 (certainly correct and complete). Finish with a li
 "Score: N"."""
 
 NEUTRAL = 5.5  # an unreadable grade sits in the middle of 1..10 (our choice)
+
+
+class Grade(Detail):
+    """How a candidate was scored: by the task's verifier, or by the judge's 1-10 grade."""
+
+    scorer: Literal["verifier", "judge"]
+    grade: float | None = None
+    fallback: str | None = None  # why the grade is the neutral one
+    verifier_error: str | None = None  # why the verifier could not score it
 
 
 class BestOfN(LoopStrategy):
@@ -47,7 +64,7 @@ class BestOfN(LoopStrategy):
 
     name = "best_of_n"
     min_inner = max_inner = 1
-    default_inner = ("cot",)
+    default_inner = (CoT,)
 
     class Params(StrategyParams):
         n: int = Field(8, ge=1, le=64, description="samples")
@@ -63,7 +80,7 @@ class BestOfN(LoopStrategy):
         return sampling + params.n  # the judge, when there is no verifier
 
     async def propose(self, task: Task, ctx: Context, rnd: int,
-                      last: list[Scored]) -> list[Attempt]:
+                      last: list[Scored[Grade]]) -> list[Attempt]:
         inner = self.inner[0]
         if isinstance(inner, CoT):
             return await inner.sample(task, ctx.inner(), self.params.n,
@@ -71,7 +88,7 @@ class BestOfN(LoopStrategy):
         return await gather_attempts(inner.solve(task, ctx.inner())
                                      for _ in range(self.params.n))
 
-    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored]:
+    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored[Grade]]:
         use_verifier = ctx.verifier is not None and self.params.scorer != "judge"
         scorer = self.verify if use_verifier else self.judge
         results = await asyncio.gather(*(scorer(task, ctx, a) for a in cands),
@@ -83,29 +100,28 @@ class BestOfN(LoopStrategy):
             scored.append(Scored(attempt) if isinstance(r, BaseException) else r)
         spent = next((r for r in results if isinstance(r, BudgetExhausted)), None)
         if spent is not None:
-            raise partial(spent, scored)
+            raise PartialScores(spent, scored)
         return scored
 
-    async def verify(self, task: Task, ctx: Context, attempt: Attempt) -> Scored:
+    async def verify(self, task: Task, ctx: Context, attempt: Attempt) -> Scored[Grade]:
         try:
             verdict = await ctx.verifier.verify(task, attempt.text)
         except RefineryError as exc:  # a verifier that cannot run here: judge instead
             judged = await self.judge(task, ctx, attempt)
-            judged.detail["verifier_error"] = str(exc)
-            return judged
+            return replace(judged, detail=judged.detail.model_copy(
+                update={"verifier_error": str(exc)}))
         eid = ctx.emit("judge", f"passed={verdict.passed}", strategy=self.name,
                        parents=attempt.events, verifier=getattr(ctx.verifier, "name", ""),
                        passed=verdict.passed, score=verdict.score)
-        return Scored(attempt, verdict.score, events=[eid], detail={"scorer": "verifier"})
+        return Scored(attempt, verdict.score, events=[eid], detail=Grade(scorer="verifier"))
 
-    async def judge(self, task: Task, ctx: Context, attempt: Attempt) -> Scored:
+    async def judge(self, task: Task, ctx: Context, attempt: Attempt) -> Scored[Grade]:
         prompt = JUDGE.format(question=task.question, solution=attempt.text)
         params = ctx.params.but(temperature=0.0, max_tokens=min(ctx.params.max_tokens, 384))
         gen = await ctx.generate([Message(role="user", content=prompt)], params, n=1,
                                  step="judge", strategy=self.name, parents=attempt.events)
         grade = parse_score(gen[0].text, 1, 10).value
-        detail = {"scorer": "judge", "grade": grade if grade is not None else NEUTRAL}
-        if grade is None:
-            detail["fallback"] = "unreadable grade -> neutral"
-        return Scored(attempt, detail["grade"] / 10, events=[gen.event_id], detail=detail)
+        detail = Grade(scorer="judge", grade=NEUTRAL if grade is None else grade,
+                       fallback="unreadable grade -> neutral" if grade is None else None)
+        return Scored(attempt, detail.grade / 10, events=[gen.event_id], detail=detail)
 

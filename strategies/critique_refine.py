@@ -9,7 +9,8 @@ from pydantic import Field
 from refinery.engine.context import Context
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Message, Task
-from refinery.strategies.base import LoopStrategy, Scored, StrategyParams, attempt_from
+from refinery.strategies.base import Detail, LoopStrategy, Scored, StrategyParams, attempt_from
+from refinery.strategies.cot import CoT
 from refinery.strategies.parsing import after
 
 DIMENSIONS = ("correctness", "completeness", "reasoning validity", "format")
@@ -50,6 +51,15 @@ def parse_critique(text: str) -> tuple[dict[str, float], str]:
     return scores, directive or "Re-check every step and correct any mistake."
 
 
+class Critique(Detail):
+    """A parsed critique: what ``stop`` checks (``rubric``) and what the refiner reads
+    (``critique``: the whole reply, reasons too, clipped)."""
+
+    rubric: dict[str, float]
+    directive: str
+    critique: str
+
+
 class CritiqueRefine(LoopStrategy):
     """``critique_refine(inner, rounds=2, bar=3)``: rubric critique and directed refinement.
 
@@ -68,7 +78,7 @@ class CritiqueRefine(LoopStrategy):
 
     name = "critique_refine"
     min_inner = max_inner = 1
-    default_inner = ("cot",)
+    default_inner = (CoT,)
 
     class Params(StrategyParams):
         rounds: int = Field(2, ge=0, le=8, description="refinements at most")
@@ -82,18 +92,18 @@ class CritiqueRefine(LoopStrategy):
         return self.params.rounds + 1
 
     async def propose(self, task: Task, ctx: Context, rnd: int,
-                      last: list[Scored]) -> list[Attempt]:
+                      last: list[Scored[Critique]]) -> list[Attempt]:
         if rnd == 0:
             return [await self.inner[0].solve(task, ctx.inner())]
         [prev] = last
         msgs = [*task.messages, Message(role="assistant", content=prev.attempt.text),
-                Message(role="user", content=REFINE.format(critique=prev.detail["critique"]))]
+                Message(role="user", content=REFINE.format(critique=prev.detail.critique))]
         gen = await ctx.generate(msgs, step="refine",
                                  strategy=self.name,
                                  parents=[*prev.attempt.events, *prev.events])
         return [attempt_from(gen[0], strategy=self.name, events=[gen.event_id], round=rnd)]
 
-    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored]:
+    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored[Critique]]:
         [attempt] = cands
         prompt = CRITIQUE.format(question=task.question, solution=attempt.text)
         params = ctx.params.but(temperature=0.0)
@@ -104,13 +114,13 @@ class CritiqueRefine(LoopStrategy):
         eid = ctx.emit("critique", directive, strategy=self.name, parents=[gen.event_id],
                        rubric=scores, total=total)
         return [Scored(attempt, total / (4 * len(DIMENSIONS)), events=[gen.event_id, eid],
-                       detail={"rubric": scores, "directive": directive,
-                               # the whole critique (reasons too) guides the refiner
-                               "critique": gen[0].text.strip()[:MAX_CRITIQUE]})]
+                       detail=Critique(rubric=scores, directive=directive,
+                                       critique=gen[0].text.strip()[:MAX_CRITIQUE]))]
 
-    def stop(self, rnd: int, last: list[Scored], pool: list[Scored]) -> str | None:
+    def stop(self, rnd: int, last: list[Scored[Critique]],
+             pool: list[Scored[Critique]]) -> str | None:
         [now] = last
-        if all(s >= self.params.bar for s in now.detail["rubric"].values()):
+        if all(s >= self.params.bar for s in now.detail.rubric.values()):
             return "every dimension clears the bar"
         if rnd > 0 and (now.score or 0.0) <= (pool[-2].score or 0.0):
             return "score stopped rising"

@@ -11,7 +11,17 @@ from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Message, Task
-from refinery.strategies.base import LoopStrategy, Scored, StrategyParams, gather_attempts, partial
+from refinery.strategies.base import (
+    Detail,
+    LoopStrategy,
+    PartialScores,
+    Scored,
+    StrategyParams,
+    gather_attempts,
+)
+from refinery.strategies.critique_refine import CritiqueRefine
+from refinery.strategies.sage import SAGE
+from refinery.strategies.ssr import SSR
 from refinery.verifiers.judge import parse_score
 from refinery.verifiers.math import normalize_answer
 
@@ -32,6 +42,13 @@ Write five short paragraphs, in this order:
 Then grade the candidate from 1 to 10. A wrong core step or a wrong final answer caps the \
 grade at 3; style problems cost at most one point. End with a line "Score: N"."""
 NEUTRAL = 5.5  # mean grade of a candidate with no readable review (ours)
+
+
+class Review(Detail):
+    """The committee's mean grade of every candidate, and which member this one is."""
+
+    means: list[float]
+    member: int
 
 
 class DEI(LoopStrategy):
@@ -55,7 +72,7 @@ class DEI(LoopStrategy):
 
     name = "dei"
     min_inner, max_inner = 1, None
-    default_inner = ("ssr", "critique_refine", "sage")
+    default_inner = (SSR, CritiqueRefine, SAGE)
 
     class Params(StrategyParams):
         votes: int = Field(10, ge=1, le=32, description="reviews per candidate (one request)")
@@ -67,7 +84,7 @@ class DEI(LoopStrategy):
         return sum(c.calls for c in children) + 2 * len(children)
 
     async def propose(self, task: Task, ctx: Context, rnd: int,
-                      last: list[Scored]) -> list[Attempt]:
+                      last: list[Scored[Review]]) -> list[Attempt]:
         return await gather_attempts(m.solve(task, ctx.inner()) for m in self.inner)
 
     async def review(self, task: Task, ctx: Context, attempt: Attempt) -> tuple[list[float], str]:
@@ -100,7 +117,7 @@ class DEI(LoopStrategy):
                 events[i].append(r[1])
         return spent
 
-    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored]:
+    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored[Review]]:
         grades: list[list[float]] = [[] for _ in cands]
         events: list[list[str]] = [[] for _ in cands]
         spent = await self.vote_round(task, ctx, cands, list(range(len(cands))), grades, events)
@@ -122,8 +139,8 @@ class DEI(LoopStrategy):
             eid = ctx.emit("review", f"mean grade {means[i]:.2f}", strategy=self.name,
                            parents=[*attempt.events, *events[i]], grades=grades[i])
             scored.append(Scored(attempt, means[i] / 10, (counts.get(keys[i], 0),), [eid],
-                                 {"means": means, "member": i}))
+                                 Review(means=means, member=i)))
         if spent is not None:
             reviewed = [s if events[i] else Scored(s.attempt) for i, s in enumerate(scored)]
-            raise partial(spent, reviewed)
+            raise PartialScores(spent, reviewed)
         return scored

@@ -60,13 +60,13 @@ class Entry:
 
     @property
     def default_inner(self) -> tuple[str, ...]:
-        return self.cls.default_inner
+        return tuple(c.name for c in self.cls.default_inner)
 
     def worst_case(self, params: BaseModel, children: Sequence[ChildCost]) -> int:
         return self.cls.worst_case(params, children)
 
-    def build(self, inner: Sequence[Any], params: dict[str, Any]) -> Strategy:
-        return self.cls(*inner, **params)
+    def build(self, inner: Sequence[Strategy], params: BaseModel) -> Strategy:
+        return self.cls.from_validated(inner, params)
 
     def describe(self) -> dict[str, Any]:
         """Name, aliases, inner strategies and parameters (for ``refinery strategies``)."""

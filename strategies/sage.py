@@ -9,7 +9,8 @@ from pydantic import Field
 from refinery.engine.context import Context
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Message, Task
-from refinery.strategies.base import LoopStrategy, Scored, StrategyParams, with_note
+from refinery.strategies.base import Detail, LoopStrategy, Scored, StrategyParams, with_note
+from refinery.strategies.cot import CoT
 
 ABSTRACT = """Here is a problem and one attempt at it.
 
@@ -43,6 +44,13 @@ def clean_plan(text: str) -> tuple[str, int]:
     return "\n".join(kept).strip(), len(lines) - len(kept)
 
 
+class PlanNote(Detail):
+    """The plan a rollout followed (None for the first rollout), lifted into the result."""
+
+    plan: str | None = None
+    plan_dropped_lines: int | None = None
+
+
 class SAGE(LoopStrategy):
     """``sage(inner, rounds=1, plan_tokens=300)``: re-solve with an abstracted plan.
 
@@ -63,7 +71,7 @@ class SAGE(LoopStrategy):
     name = "sage"
     keep = "last"
     min_inner = max_inner = 1
-    default_inner = ("cot",)
+    default_inner = (CoT,)
 
     class Params(StrategyParams):
         rounds: int = Field(1, ge=1, le=4, description="plan -> rollout rounds")
@@ -77,14 +85,14 @@ class SAGE(LoopStrategy):
     def rounds(self) -> int:
         return self.params.rounds + 1
 
-    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored]:
+    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored[PlanNote]]:
         # No scoring: SAGE keeps the last rollout; lift the plan into the result's metadata.
-        keys = ("plan", "plan_dropped_lines")
-        return [Scored(a, detail={k: a.metadata[k] for k in keys if k in a.metadata})
+        return [Scored(a, detail=PlanNote(plan=a.metadata.get("plan"),
+                                          plan_dropped_lines=a.metadata.get("plan_dropped_lines")))
                 for a in cands]
 
     async def propose(self, task: Task, ctx: Context, rnd: int,
-                      last: list[Scored]) -> list[Attempt]:
+                      last: list[Scored[PlanNote]]) -> list[Attempt]:
         inner = self.inner[0]
         if rnd == 0:
             return [await inner.solve(task, ctx.inner())]

@@ -9,7 +9,7 @@ from pydantic import Field
 from refinery.engine.context import Context
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Task
-from refinery.strategies.base import LoopStrategy, Scored, StrategyParams, gather_attempts
+from refinery.strategies.base import Detail, LoopStrategy, Scored, StrategyParams, gather_attempts
 from refinery.strategies.cot import CoT
 from refinery.verifiers.math import normalize_answer
 
@@ -20,6 +20,12 @@ def mean_logprob(attempt: Attempt) -> float | None:
     if lp is None or not tokens:
         return None
     return lp / tokens
+
+
+class Votes(Detail):
+    """Votes per normalised answer (samples without an answer do not vote)."""
+
+    votes: dict[str, int]
 
 
 class SelfConsistency(LoopStrategy):
@@ -42,7 +48,7 @@ class SelfConsistency(LoopStrategy):
 
     name = "sc"
     min_inner = max_inner = 1
-    default_inner = ("cot",)
+    default_inner = (CoT,)
 
     class Params(StrategyParams):
         n: int = Field(8, ge=1, le=64, description="samples")
@@ -55,7 +61,7 @@ class SelfConsistency(LoopStrategy):
         return 1 if inner.name == "cot" else params.n * inner.calls
 
     async def propose(self, task: Task, ctx: Context, rnd: int,
-                      last: list[Scored]) -> list[Attempt]:
+                      last: list[Scored[Votes]]) -> list[Attempt]:
         inner = self.inner[0]
         if isinstance(inner, CoT):
             return await inner.sample(task, ctx.inner(), self.params.n, logprobs=True,
@@ -63,7 +69,7 @@ class SelfConsistency(LoopStrategy):
         return await gather_attempts(inner.solve(task, ctx.inner())
                                      for _ in range(self.params.n))
 
-    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored]:
+    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored[Votes]]:
         keys = [normalize_answer(a.answer) if a.answer else "" for a in cands]
         groups: dict[str, list[int]] = {}
         for i, key in enumerate(keys):
@@ -71,17 +77,18 @@ class SelfConsistency(LoopStrategy):
                 groups.setdefault(key, []).append(i)
         voters = sum(len(g) for g in groups.values())
         votes = {k: len(g) for k, g in groups.items()}
+        tally = Votes(votes=votes)
         eid = ctx.emit("vote", max(votes, key=votes.get) if votes else "", strategy=self.name,
                        parents=[e for a in cands for e in a.events], votes=votes,
                        abstained=len(cands) - voters)
         scored = []
         for i, (attempt, key) in enumerate(zip(cands, keys, strict=True)):
             if not key:
-                scored.append(Scored(attempt, 0.0, (-math.inf, -i), [eid], {"votes": votes}))
+                scored.append(Scored(attempt, 0.0, (-math.inf, -i), [eid], tally))
                 continue
             members = groups[key]
             lps = [lp for j in members if (lp := mean_logprob(cands[j])) is not None]
             mean_lp = sum(lps) / len(lps) if lps else -math.inf
             scored.append(Scored(attempt, len(members) / len(cands),
-                                 (mean_lp, -members[0]), [eid], {"votes": votes}))
+                                 (mean_lp, -members[0]), [eid], tally))
         return scored

@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import Counter
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict
 from refinery.engine.context import Context
 from refinery.engine.types import Attempt, Message, Task
-from refinery.strategies.base import Scored, attempt_from, dedupe
+from refinery.strategies.base import Detail, Scored, attempt_from, dedupe
 from refinery.strategies.parsing import after, parse_json_object, tag
 from refinery.verifiers.judge import parse_score
 from refinery.verifiers.math import extract_answer, is_equivalent, normalize_answer
@@ -73,11 +74,58 @@ REWRITE = ("Feedback on your solution:\n{feedback}\n\nTaking it into account, so
 NEUTRAL_JUDGE = 2.5  # unreadable 0-5 judge score (ours): never "full marks"
 
 
+RefineMode = Literal["socratic", "self_refine"]
+
+
+class SubQuestion(BaseModel):
+    """One step of a decomposed trajectory, with the answer the trajectory gives it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    description: str
+    answer: str
+
+
+class StepCheck(SubQuestion):
+    """A sub-question after re-solving: how often the re-solves agree, and their majority."""
+
+    resolves: list[str | None]
+    confidence: float
+    majority: str | None
+    events: list[str]
+
+
+class Judgement(BaseModel):
+    """A holistic 0-5 judge reply (unreadable -> ``NEUTRAL_JUDGE``, ``readable=False``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    score: float
+    readable: bool
+    feedback: str
+    event: str
+
+
+class Assessment(Detail):
+    """One trajectory's assessment; ``mode`` says how the next refinement goes.
+
+    ``steps`` is None when no decomposition ran (ssr_ada below full marks);
+    ``weakest`` indexes the least confident step when there are steps.
+    """
+
+    mode: RefineMode
+    reason: str = ""
+    judge: Judgement | None = None
+    steps: list[StepCheck] | None = None
+    weakest: int | None = None
+    fully_confident: bool | None = None
+
+
 def _user(text: str) -> list[Message]:
     return [Message(role="user", content=text)]
 
 
-def parse_steps(text: str) -> list[dict[str, str]]:
+def parse_steps(text: str) -> list[SubQuestion]:
     """Sub-question/answer pairs from a decomposition reply.
 
     Raises:
@@ -97,13 +145,13 @@ def parse_steps(text: str) -> list[dict[str, str]]:
     for item in items:
         if isinstance(item, dict) and str(item.get("description") or "").strip():
             answer = item.get("answer")
-            steps.append({"description": str(item["description"]).strip(),
-                          "answer": "" if answer is None else str(answer).strip()})
+            steps.append(SubQuestion(description=str(item["description"]).strip(),
+                                     answer="" if answer is None else str(answer).strip()))
     return steps
 
 
 async def decompose(task: Task, ctx: Context, attempt: Attempt, strategy: str,
-                    max_steps: int) -> tuple[list[dict[str, str]], list[str], str]:
+                    max_steps: int) -> tuple[list[SubQuestion], list[str], str]:
     """(steps, event ids, note): temperature 0, one retry with the error shown, else []."""
     msgs = _user(DECOMPOSE.format(question=task.question, solution=attempt.text))
     params = ctx.params.but(temperature=0.0)
@@ -131,16 +179,16 @@ def _checkable(answer: str) -> bool:
     return any(ch.isdigit() for ch in norm) or len(norm.split()) <= 3
 
 
-async def _agreement(ctx: Context, step: dict[str, str], resolves: list[str | None],
+async def _agreement(ctx: Context, step: SubQuestion, resolves: list[str | None],
                      strategy: str, parents: list[str]) -> tuple[list[bool], list[str]]:
-    original = step["answer"]
+    original = step.answer
     if _checkable(original):
         same = await asyncio.gather(*(asyncio.to_thread(is_equivalent, original, r)
                                       for r in resolves if r is not None))
         it = iter(same)
         return [False if r is None else next(it) for r in resolves], []
     numbered = "\n".join(f"{k}: {r}" for k, r in enumerate(resolves, 1))
-    prompt = AGREE.format(description=step["description"], original=original, numbered=numbered)
+    prompt = AGREE.format(description=step.description, original=original, numbered=numbered)
     gen = await ctx.generate(_user(prompt), ctx.params.but(temperature=0.0), n=1, step="judge",
                              strategy=strategy, parents=parents)
     marks = dict(_parse_marks(gen[0].text))
@@ -154,13 +202,13 @@ def _parse_marks(text: str) -> list[tuple[int, bool]]:
             for k, v in re.findall(r"(\d+)\s*[:.)\-]\s*(same|different)", text, re.I)]
 
 
-async def check_step(task: Task, ctx: Context, steps: list[dict[str, str]], t: int,
+async def check_step(task: Task, ctx: Context, steps: list[SubQuestion], t: int,
                      n: int, temperature: float, strategy: str,
-                     parents: list[str]) -> dict[str, Any]:
+                     parents: list[str]) -> StepCheck:
     """Re-solve step ``t`` n times given steps 0..t-1; its confidence and majority."""
-    known = "\n".join(f"- {s['description']} -> {s['answer']}" for s in steps[:t]) or "nothing yet"
+    known = "\n".join(f"- {s.description} -> {s.answer}" for s in steps[:t]) or "nothing yet"
     prompt = RESOLVE.format(question=task.question, known=known,
-                            description=steps[t]["description"])
+                            description=steps[t].description)
     params = ctx.params.but(temperature=temperature, stop=["</answer>"],
                             max_tokens=min(ctx.params.max_tokens, 256))
     gen = await ctx.generate(_user(prompt), params, n=n, step="resolve", strategy=strategy,
@@ -172,24 +220,26 @@ async def check_step(task: Task, ctx: Context, steps: list[dict[str, str]], t: i
     # most frequent re-solve; ties go to the one seen first
     majority = next((r for r in resolves if r is not None
                      and Counter(keys)[normalize_answer(r)] == top), None)
-    return {**steps[t], "resolves": resolves, "confidence": sum(agree) / max(len(agree), 1),
-            "majority": majority, "events": [gen.event_id, *judge_events]}
+    return StepCheck(**steps[t].model_dump(), resolves=resolves,
+                     confidence=sum(agree) / max(len(agree), 1), majority=majority,
+                     events=[gen.event_id, *judge_events])
 
 
 async def holistic_judge(task: Task, ctx: Context, attempt: Attempt, strategy: str,
-                         parents: list[str]) -> dict[str, Any]:
+                         parents: list[str]) -> Judgement:
     """A 0-5 score with an explanation (unreadable -> 2.5, never full marks)."""
     prompt = JUDGE.format(question=task.question, solution=attempt.text)
     gen = await ctx.generate(_user(prompt), ctx.params.but(temperature=0.0), n=1, step="judge",
                              strategy=strategy, parents=parents)
     score = parse_score(gen[0].text, 0, 5).value
-    return {"score": NEUTRAL_JUDGE if score is None else score, "readable": score is not None,
-            "feedback": gen[0].text.strip()[:1500], "event": gen.event_id}
+    return Judgement(score=NEUTRAL_JUDGE if score is None else score,
+                     readable=score is not None, feedback=gen[0].text.strip()[:1500],
+                     event=gen.event_id)
 
 
 async def assess(task: Task, ctx: Context, attempt: Attempt, params: Any, *, adaptive: bool,
-                 strategy: str) -> Scored:
-    """Score one trajectory; ``detail["mode"]`` says how the next refinement goes.
+                 strategy: str) -> Scored[Assessment]:
+    """Score one trajectory; the :class:`Assessment` says how the next refinement goes.
 
     With ``adaptive`` (ssr_ada) the holistic judge runs first and the
     decomposition only when it gives full marks.
@@ -197,43 +247,42 @@ async def assess(task: Task, ctx: Context, attempt: Attempt, params: Any, *, ada
     judge, events = None, []
     if adaptive:
         judge = await holistic_judge(task, ctx, attempt, strategy, attempt.events)
-        events.append(judge["event"])
-        if judge["score"] < 5:
-            return Scored(attempt, judge["score"] / 5, events=events, detail={
-                "mode": "self_refine", "reason": "judge below full marks", "judge": judge})
+        events.append(judge.event)
+        if judge.score < 5:
+            return Scored(attempt, judge.score / 5, events=events, detail=Assessment(
+                mode="self_refine", reason="judge below full marks", judge=judge))
     steps, dec_events, note = await decompose(task, ctx, attempt, strategy, params.max_steps)
     events += dec_events
     if not steps:
-        return Scored(attempt, judge["score"] / 5 if judge else None, events=events, detail={
-            "mode": "self_refine", "reason": note or "empty decomposition", "judge": judge,
-            "steps": []})
+        return Scored(attempt, judge.score / 5 if judge else None, events=events,
+                      detail=Assessment(mode="self_refine", judge=judge, steps=[],
+                                        reason=note or "empty decomposition"))
     results = await asyncio.gather(*(
         check_step(task, ctx, steps, t, params.resolves, params.temperature, strategy,
                    dec_events[-1:]) for t in range(len(steps))), return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException):
             raise r
-    conf = [r["confidence"] for r in results]
+    conf = [r.confidence for r in results]
     weakest = conf.index(min(conf))
     full = min(conf) >= 1.0
     eid = ctx.emit("resolve", f"confidence per step {conf}", strategy=strategy,
-                   parents=dedupe(e for r in results for e in r["events"]),
+                   parents=dedupe(e for r in results for e in r.events),
                    confidences=conf, weakest=weakest)
-    return Scored(attempt, min(conf), events=[*events, eid], detail={
-        "mode": "self_refine" if full else "socratic",
-        "reason": "every step fully confident" if full else note, "judge": judge,
-        "steps": results, "weakest": weakest, "fully_confident": full})
+    return Scored(attempt, min(conf), events=[*events, eid], detail=Assessment(
+        mode="self_refine" if full else "socratic",
+        reason="every step fully confident" if full else note, judge=judge,
+        steps=results, weakest=weakest, fully_confident=full))
 
 
-async def refine(task: Task, ctx: Context, scored: Scored, strategy: str) -> Attempt:
+async def refine(task: Task, ctx: Context, scored: Scored[Assessment], strategy: str) -> Attempt:
     """The next trajectory: Socratic refine of the weakest step, or self-refine."""
     d, parents = scored.detail, dedupe([*scored.attempt.events, *scored.events])
-    if d["mode"] == "socratic":
-        step = d["steps"][d["weakest"]]
-        fix = (f"it should be {step['majority']}" if step["majority"] is not None
+    if d.mode == "socratic":
+        step = d.steps[d.weakest]
+        fix = (f"it should be {step.majority}" if step.majority is not None
                else "I cannot confirm it")
-        reflection = REFLECT.format(description=step["description"], answer=step["answer"],
-                                    fix=fix)
+        reflection = REFLECT.format(description=step.description, answer=step.answer, fix=fix)
         msgs = [*task.messages, Message(role="assistant", content=f"{scored.attempt.text}\n\n"
                                         f"{reflection}"), *_user(REEVALUATE)]
         gen = await ctx.generate(msgs, step="refine", strategy=strategy, parents=parents)
@@ -242,13 +291,13 @@ async def refine(task: Task, ctx: Context, scored: Scored, strategy: str) -> Att
         return attempt_from(gen[0], strategy=strategy, events=[gen.event_id],
                             text=new or text, mode="socratic", reflection=reflection,
                             **({} if new else {"fallback": "no </evaluation>: kept whole"}))
-    judge = d.get("judge") or await holistic_judge(task, ctx, scored.attempt, strategy, parents)
+    judge = d.judge or await holistic_judge(task, ctx, scored.attempt, strategy, parents)
     msgs = [*task.messages, Message(role="assistant", content=scored.attempt.text),
-            *_user(REWRITE.format(feedback=judge["feedback"]))]
+            *_user(REWRITE.format(feedback=judge.feedback))]
     gen = await ctx.generate(msgs, step="refine", strategy=strategy,
-                             parents=dedupe([*parents, judge["event"]]))
+                             parents=dedupe([*parents, judge.event]))
     return attempt_from(gen[0], strategy=strategy, events=[gen.event_id], mode="self_refine",
-                        reason=d.get("reason", ""))
+                        reason=d.reason)
 
 
 def worst_case(params: Any, child_calls: int, *, adaptive: bool) -> int:

@@ -11,6 +11,9 @@ from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Task
 from refinery.strategies import socratic
 from refinery.strategies.base import LoopStrategy, Scored, StrategyParams
+from refinery.strategies.cot import CoT
+
+Assessed = Scored[socratic.Assessment]
 
 
 class SSR(LoopStrategy):
@@ -40,7 +43,7 @@ class SSR(LoopStrategy):
     keep = "last"
     adaptive: ClassVar[bool] = False
     min_inner = max_inner = 1
-    default_inner = ("cot",)
+    default_inner = (CoT,)
 
     class Params(StrategyParams):
         max_iter: int = Field(3, ge=0, le=10, description="refinements = max_iter + 1")
@@ -60,17 +63,18 @@ class SSR(LoopStrategy):
         return await self.inner[0].solve(task, ctx.inner())
 
     async def propose(self, task: Task, ctx: Context, rnd: int,
-                      last: list[Scored]) -> list[Attempt]:
+                      last: list[Assessed]) -> list[Attempt]:
         if rnd == 0:
             return [await self.seed(task, ctx)]
         return [await socratic.refine(task, ctx, last[0], self.name)]
 
-    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored]:
+    async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Assessed]:
         return [await socratic.assess(task, ctx, cands[0], self.params,
                                       adaptive=self.adaptive, strategy=self.name)]
 
-    def stop(self, rnd: int, last: list[Scored], pool: list[Scored]) -> str | None:
+    def stop(self, rnd: int, last: list[Assessed], pool: list[Assessed]) -> str | None:
         if (self.params.early_exit and len(pool) >= 2
-                and all(s.detail.get("fully_confident") for s in pool[-2:])):
+                and all(s.detail is not None and s.detail.fully_confident
+                        for s in pool[-2:])):
             return "fully confident twice in a row (early exit)"
         return None

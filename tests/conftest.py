@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from refinery.engine.models import DEFAULT_MODEL
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -41,28 +42,29 @@ def free_port() -> int:
 async def vllm_backend():
     from refinery.engine.backends.vllm import VLLMBackend
 
-    backend = await VLLMBackend.create("smollm2-135m")
+    backend = await VLLMBackend.create(DEFAULT_MODEL)
     yield backend
     await backend.aclose()
 
 
 @pytest.fixture(scope="session")
 def model_path() -> str:
-    from refinery.engine.models import resolve_model
+    from refinery.engine.models import DEFAULT_MODEL, resolve_model
 
-    return resolve_model("smollm2-135m")
+    return resolve_model(DEFAULT_MODEL)
 
 
 @pytest.fixture(scope="module")  # a second engine: stopped once its module is done
 def vllm_server(model_path, tmp_path_factory):
-    """vLLM's own OpenAI server on 127.0.0.1 (as documented in ARCHITECTURE.md)."""
+    """vLLM's own OpenAI server on 127.0.0.1, run as a module (the ``vllm`` console
+    script of vllm-cpu fails)."""
     port = free_port()
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
-             "--served-model-name", "smollm2-135m", "--host", "127.0.0.1", "--port", str(port),
+             "--served-model-name", DEFAULT_MODEL, "--host", "127.0.0.1", "--port", str(port),
              "--enforce-eager", "--max-model-len", "2048", "--disable-log-stats"],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"

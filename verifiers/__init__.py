@@ -12,7 +12,7 @@ Example:
     True
 """
 
-from refinery.verifiers.base import VERIFIERS, Verdict, Verifier, get_verifier
+from refinery.verifiers.base import Verdict, Verifier
 from refinery.verifiers.code import CodeVerifier, build_program, extract_code
 from refinery.verifiers.exact import ExactVerifier, RegexVerifier
 from refinery.verifiers.judge import JudgeVerifier, parse_score
@@ -27,6 +27,7 @@ from refinery.verifiers.math import (
     is_equivalent,
     normalize_answer,
 )
+from refinery.verifiers.registry import VERIFIERS, get_verifier
 from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig
 
 __all__ = [

@@ -43,7 +43,7 @@ from refinery.engine.errors import (
 )
 from refinery.engine.hardware import DtypeChoice, choose_dtype
 from refinery.engine.loops import LoopDetector, cut_at_onset
-from refinery.engine.models import resolve_model
+from refinery.engine.models import DEFAULT_MODEL, resolve_model
 from refinery.engine.types import Completion, Delta, Message, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class VLLMBackend:
         self.dtype = dtype  # what the engine runs, and why
 
     @classmethod
-    async def create(cls, model: str = "smollm2-135m",
+    async def create(cls, model: str = DEFAULT_MODEL,
                      config: VLLMConfig | None = None) -> VLLMBackend:
         """Resolve ``model``, start the engine and wait until it is ready.
 

@@ -6,8 +6,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.trace import Trace, TraceEvent
-from refinery.engine.types import Attempt, Completion, Message
+from refinery.engine.types import Attempt, Completion, Message, TaskRecord
 from refinery.strategies.cot import INSTRUCTION
 
 
@@ -50,14 +51,18 @@ class Problem:
 
 
 def write_run(root: Path, name: str, problems: list[Problem], *, with_results: bool = True,
-              dataset: str = "arith") -> Path:
-    """Write a run directory as refinery.eval.runner would (config, results, traces)."""
+              dataset: str = "arith", record_task: bool = False) -> Path:
+    """Write a run directory as refinery.eval.runner would (config, results, traces).
+
+    ``record_task`` writes each trace's task record (question and gold) as today's
+    runner does; without it the traces look like those written before it existed.
+    """
     from refinery.verifiers.math import extract_answer, is_equivalent
 
     run = root / name
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({
-        "dataset": {"name": dataset, "verifier": None}, "model": "smollm2-135m",
+        "dataset": {"name": dataset, "verifier": None}, "model": DEFAULT_MODEL,
         "strategy": {"canonical": problems[0].strategy if problems else ""}}))
     with open(run / "traces.jsonl", "w") as tf, open(run / "results.jsonl", "w") as rf:
         for p in problems:
@@ -66,7 +71,8 @@ def write_run(root: Path, name: str, problems: list[Problem], *, with_results: b
                 att = Attempt(text=p.final, answer=extract_answer(p.final), score=p.score,
                               finish_reason=p.finish, strategy=p.strategy.split("(")[0],
                               events=p.final_events)
-            trace = Trace(task_id=p.id, strategy=p.strategy, model="smollm2-135m",
+            record = TaskRecord(id=p.id, question=p.prompt, gold=p.gold) if record_task else None
+            trace = Trace(task_id=p.id, task=record, strategy=p.strategy, model=DEFAULT_MODEL,
                           events=p.events, attempt=att)
             tf.write(trace.model_dump_json() + "\n")
             if with_results:
@@ -77,7 +83,7 @@ def write_run(root: Path, name: str, problems: list[Problem], *, with_results: b
                     "id": p.id, "prompt": p.prompt, "gold": p.gold, "passed": passed,
                     "prediction": att.answer if att else None, "text": p.final or "",
                     "finish_reason": p.finish, "dataset": dataset, "level": 1,
-                    "strategy": p.strategy, "model": "smollm2-135m"}) + "\n")
+                    "strategy": p.strategy, "model": DEFAULT_MODEL}) + "\n")
     if not with_results:
         (run / "results.jsonl").unlink()
     return run

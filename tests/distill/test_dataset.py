@@ -6,8 +6,16 @@ import json
 from pathlib import Path
 
 import pytest
-from refinery.distill.dataset import arith_solution, build, clean_solution, gold_sft_rows
+from refinery.distill.dataset import (
+    arith_solution,
+    build,
+    clean_solution,
+    gold_sft_rows,
+    load_candidates,
+)
 from refinery.distill.schema import DistillError, read_rows
+from refinery.engine.models import DEFAULT_MODEL
+from refinery.engine.types import Message
 from refinery.eval.datasets import load_arith
 
 from tests.distill._runs import Problem, gen, step, write_run
@@ -89,7 +97,7 @@ def test_rescued_prompt_is_double_weighted_and_pairs_come_from_the_edge(tmp_path
     assert (md["step"], md["iteration"], md["strategy"]) == ("refine", 1, "critique_refine")
     assert md["verifier"] == "eval:math"  # the final attempt keeps the runner's verdict
     assert md["source_run"].endswith("run") and md["problem_id"] == "p1"
-    assert md["model"] == "smollm2-135m" and md["answer"] == "7"
+    assert md["model"] == DEFAULT_MODEL and md["answer"] == "7"
     assert "gold" not in md  # the gold answer is for verification only
     # One preference pair, from the refinement edge: rejected is the wrong draft.
     assert len(pairs) == 1
@@ -272,6 +280,39 @@ def test_without_gold_signals_must_agree(tmp_path) -> None:
     assert stats.pairs == 3  # each agreeing sample against the one that disagrees
     assert {p["rejected"][0]["content"] for p in pairs} == {WRONG_1}
     assert stats.dropped["unverified"] == 3
+
+
+def _asked_with_another_instruction() -> Problem:
+    prob = refine_problem()
+    prob.events[0] = prob.events[0].model_copy(update={"messages": [
+        Message(role="user", content=f"{Q1}\n\nThink it over, then box the answer.")]})
+    return prob
+
+
+def test_traces_alone_give_the_recorded_question_and_gold(tmp_path) -> None:
+    run = write_run(tmp_path, "run", [_asked_with_another_instruction()], with_results=False,
+                    record_task=True)
+    stats = build([run], tmp_path / "s.jsonl", tmp_path / "p.jsonl")
+    [row] = sft_of(tmp_path / "s.jsonl")
+    assert row["messages"][0] == {"role": "user", "content": Q1}
+    # the recorded gold verified the refinement: a rescued prompt, checked against "7"
+    assert stats.rescued == 1 and assistant(row) == RIGHT_1
+    assert row["metadata"]["verifier"] == "math"
+
+
+def test_old_traces_without_a_task_record_still_load(tmp_path) -> None:
+    run = write_run(tmp_path, "run", [refine_problem()], with_results=False)
+    traces = run / "traces.jsonl"
+    old = [json.loads(line) for line in traces.read_text().splitlines()]
+    for line in old:
+        del line["task"]  # written before traces kept their task
+    traces.write_text("".join(json.dumps(line) + "\n" for line in old))
+    [prob], _ = load_candidates([run])
+    # the question is recovered by stripping cot's instruction off the draft's request
+    assert prob.prompt == Q1 and prob.gold is None
+    [prob], _ = load_candidates([write_run(tmp_path, "new", [_asked_with_another_instruction()],
+                                           with_results=False, record_task=True)])
+    assert prob.prompt == Q1 and prob.gold == "7"
 
 
 # ------------------------------------------------------------------------------ output

@@ -17,7 +17,7 @@ import pytest
 from refinery.distill.loop import loop
 from refinery.distill.schema import read_rows
 from refinery.distill.train import read_train_record
-from refinery.engine.models import resolve_model
+from refinery.engine.models import DEFAULT_MODEL, resolve_model
 
 pytestmark = pytest.mark.e2e
 
@@ -41,7 +41,7 @@ async def test_one_loop_round_on_arith(vllm_backend, tmp_path) -> None:
     own = [x for x in rows if x.metadata.verifier != "gold"]
     assert len(own) == r.build.sft_rows - r.gold_rows
     for x in own:
-        assert x.metadata.source_run.endswith("sample") and x.metadata.model == "smollm2-135m"
+        assert x.metadata.source_run.endswith("sample") and x.metadata.model == DEFAULT_MODEL
 
     # Training: 3 steps; the loss on the training rows went down.
     rec = read_train_record(model_dir)
@@ -50,7 +50,7 @@ async def test_one_loop_round_on_arith(vllm_backend, tmp_path) -> None:
     assert r.loss_after < r.loss_before, (r.loss_before, r.loss_after)
 
     # The merged checkpoint's weights differ from the base in the LoRA-targeted layers only.
-    base = load_file(f"{resolve_model('smollm2-135m')}/model.safetensors")
+    base = load_file(f"{resolve_model(DEFAULT_MODEL)}/model.safetensors")
     new = load_file(str(model_dir / "model.safetensors"))
     assert set(base) == set(new)
     changed = {k for k in base if not (new[k].float() == base[k].float()).all()}

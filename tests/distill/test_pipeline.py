@@ -13,6 +13,7 @@ from refinery.distill.dataset import build
 from refinery.distill.loop import loop, read_report
 from refinery.distill.schema import DistillError, read_rows
 from refinery.distill.train import StageResult, TrainConfig, TrainResult
+from refinery.engine.models import DEFAULT_MODEL
 from refinery.eval.datasets import load_arith
 from refinery.eval.runner import EvalConfig, run_eval
 from refinery.strategies.cot import INSTRUCTION
@@ -129,8 +130,8 @@ async def test_loop_chains_rounds_and_writes_the_table(tmp_path, fake_engine_and
     assert len(report.rounds) == 2
     r1, r2 = report.rounds
     # Each round trains from the previous round's weights and evaluates the new ones.
-    assert started[0] == "smollm2-135m" and started[1] == r1.model_out
-    assert trained[0].base == "smollm2-135m" and trained[1].base == r1.model_out
+    assert started[0] == DEFAULT_MODEL and started[1] == r1.model_out
+    assert trained[0].base == DEFAULT_MODEL and trained[1].base == r1.model_out
     assert trained[0].max_steps == 2 and r2.model_in == r1.model_out
     cfg = json.loads((out / "round-2" / "sample" / "config.json").read_text())
     assert cfg["model"] == r1.model_out and cfg["dataset"]["split"] == "train"

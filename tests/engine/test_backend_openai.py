@@ -13,6 +13,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 from refinery.engine.backends.openai import OpenAIBackend, UpstreamGuard
 from refinery.engine.errors import BackendUnavailableError, UnknownModelError
+from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.types import Message, SamplingParams
 
 from tests.conftest import free_port
@@ -114,7 +115,7 @@ async def test_unreachable_server_is_a_clear_error():
 
 @pytest.mark.e2e
 async def test_against_vllm_openai_server(vllm_server):
-    be = OpenAIBackend("smollm2-135m", vllm_server)
+    be = OpenAIBackend(DEFAULT_MODEL, vllm_server)
     [c] = await be.generate(Q, SamplingParams(temperature=0, max_tokens=24))
     assert "4" in c.text and c.prompt_tokens > 0 and c.completion_tokens > 0
     outs = await be.generate(Q, SamplingParams(temperature=1.0, max_tokens=16), n=3)

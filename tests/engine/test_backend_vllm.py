@@ -17,6 +17,7 @@ from refinery.engine.errors import (
     UnknownModelError,
 )
 from refinery.engine.hardware import CpuInfo, cpu_dtype
+from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.types import Message, SamplingParams
 
 pytestmark = pytest.mark.e2e
@@ -124,13 +125,13 @@ async def test_bad_n_and_max_tokens(vllm_backend):
 
 
 async def test_unknown_model_lists_known_ones():
-    with pytest.raises(UnknownModelError, match="smollm2-135m"):
+    with pytest.raises(UnknownModelError, match=DEFAULT_MODEL):
         await VLLMBackend.create("no-such-model")
 
 
 async def test_engine_start_failure_suggests_memory_settings():
     with pytest.raises(EngineStartError, match="VLLM_CPU_KVCACHE_SPACE"):
-        await VLLMBackend.create("smollm2-135m", VLLMConfig(max_model_len=10_000_000))
+        await VLLMBackend.create(DEFAULT_MODEL, VLLMConfig(max_model_len=10_000_000))
 
 
 def thread_cpus(pid: int) -> set[int]:
@@ -158,7 +159,7 @@ async def test_engine_computes_on_every_allowed_cpu(vllm_backend):
 async def test_explicit_cpu_threads_setting_wins(monkeypatch):
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0")
     with pytest.raises(EngineStartError):  # an impossible length: fails before any work
-        await VLLMBackend.create("smollm2-135m", VLLMConfig(max_model_len=10_000_000,
+        await VLLMBackend.create(DEFAULT_MODEL, VLLMConfig(max_model_len=10_000_000,
                                                             cpu_threads="1"))
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1"
 

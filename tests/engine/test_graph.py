@@ -181,7 +181,8 @@ def test_graph_with_a_foreign_registry():
     g = validate(parse_spec("pair"), registry)
     assert to_spec(g) == "pair(leaf, leaf(k=3))" and worst_case_calls(g) == 10
     strategy, _ = build_strategy("pair(leaf(k=5), leaf)", registry)
-    assert strategy == ("pair", [("leaf", {"k": 5}), ("leaf", {})])
+    # build() gets the params the graph validated, not the raw keywords
+    assert strategy == ("pair", [("leaf", Knobs(k=5)), ("leaf", Knobs(k=2))])
     tree = ast.parse(Path(__file__).parents[2].joinpath("engine", "graph.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

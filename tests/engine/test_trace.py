@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 
+from refinery.engine.errors import BackendUnavailableError
 from refinery.engine.trace import Trace, TraceEvent, TraceWriter, read_traces
 from refinery.engine.types import Attempt, Completion, Usage
 
@@ -58,3 +59,14 @@ def test_writer_reports_a_full_disk(tmp_path, monkeypatch):
         assert "short write" in str(exc)
     else:
         raise AssertionError("a short write must raise")
+
+
+def test_the_exception_stays_in_process_and_old_lines_load() -> None:
+    trace = Trace(task_id="t1")
+    exc = BackendUnavailableError("engine down")
+    trace.fail(exc)
+    assert trace.exception is exc and trace.error == "BackendUnavailableError: engine down"
+    back = Trace.model_validate_json(trace.model_dump_json())
+    assert back.error == trace.error and back.exception is None
+    old = '{"task_id": "t0", "strategy": "cot", "error": "budget exhausted before any answer"}'
+    assert Trace.model_validate_json(old).task is None

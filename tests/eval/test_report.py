@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from refinery.engine.models import DEFAULT_MODEL
 from refinery.eval.report import _label_lifts, _top, load_run, pareto_front, write_report
 from refinery.eval.runner import CONFIG, RESULTS, append_line
 
@@ -17,7 +18,7 @@ def make_run(path: Path, strategy: str, passed: list[bool], tokens: int, calls: 
              seconds: float, dataset: str = "arith", gsm8k: bool = False) -> Path:
     path.mkdir(parents=True)
     (path / CONFIG).write_text(json.dumps({
-        "strategy": {"spec": strategy, "canonical": strategy}, "model": "smollm2-135m",
+        "strategy": {"spec": strategy, "canonical": strategy}, "model": DEFAULT_MODEL,
         "dataset": {"name": dataset, "n_problems": len(passed)}}))
     for i, ok in enumerate(passed):
         append_line(path / RESULTS, {
@@ -65,7 +66,7 @@ def test_report_on_two_runs_writes_table_and_plots(tmp_path) -> None:
             for line in main.splitlines() if re.match(r"\| (cot|sc4) \| `", line)}
     assert len(rows) == 2
     # run | strategy | dataset | model | n | accuracy | tokens | calls | latency | wall | errors
-    assert rows["cot"][1:5] == ["`cot`", "arith", "smollm2-135m", "4"]
+    assert rows["cot"][1:5] == ["`cot`", "arith", DEFAULT_MODEL, "4"]
     assert rows["cot"][5] == "50.0% (15.0–85.0)"
     assert rows["sc4"][5] == "75.0% (30.1–95.4)"
     assert rows["cot"][6:] == ["100.0", "1.00", "1.50", "2.00", "0"]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from refinery.engine.errors import BackendUnavailableError, SpecError
 from refinery.engine.loops import CusumLoopDetector
+from refinery.engine.trace import read_traces
 from refinery.eval.datasets import load_arith
 from refinery.eval.runner import (
     CONFIG,
@@ -73,6 +74,10 @@ async def test_run_writes_result_lines_config_and_traces(tmp_path) -> None:
     assert cfg["sampling"]["temperature"] == 0.0 and cfg["model"] == "scripted"
     assert set(cfg["code"]) >= {"git_commit", "package_version"}
     assert sorted(trace_ids(out)) == sorted(r["id"] for r in rows)
+    # each trace keeps its task as asked, with the gold, for distillation
+    tasks = {t.task_id: t.task for t in read_traces(out / TRACES)}
+    assert {i: (t.id, t.question, t.gold) for i, t in tasks.items()} == {
+        r["id"]: (r["id"], r["prompt"], r["gold"]) for r in rows}
 
 
 async def test_rerun_skips_finished_problems_and_repairs_a_torn_line(tmp_path) -> None:
@@ -164,6 +169,27 @@ async def test_backend_death_aborts_without_recording_and_resume_finishes(tmp_pa
     s = await run_eval(config(str(out), 8), backend=backend(0), progress=False)
     ids = [r["id"] for r in read_results(out / RESULTS)]
     assert s.done == 8 and sorted(ids) == sorted(e.id for e in load_arith(limit=8))
+
+
+class EngineLost(BackendUnavailableError):
+    """A kind of engine failure the runner has never heard of by name."""
+
+
+async def test_infrastructure_failure_is_decided_by_exception_type(tmp_path) -> None:
+    def lost(messages, params, i):
+        raise EngineLost("the accelerator went away")
+
+    with pytest.raises(RunAborted, match="EngineLost: the accelerator went away"):
+        await run_eval(config(str(tmp_path / "a"), 3), backend=SlowBackend([(r".*", lost)]),
+                       progress=False)
+
+    def refused(messages, params, i):  # an ordinary error that only mentions the engine
+        raise SpecError("BackendUnavailableError: looks like one, is not")
+
+    s = await run_eval(config(str(tmp_path / "b"), 3), backend=SlowBackend([(r".*", refused)]),
+                       progress=False)
+    rows = read_results(tmp_path / "b" / RESULTS)
+    assert s.done == 3 and all(r["error"].startswith("SpecError: ") for r in rows)
 
 
 async def test_strategy_crash_is_recorded_and_retry_errors_reruns_it(tmp_path) -> None:

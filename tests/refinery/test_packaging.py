@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,9 +30,12 @@ def test_editable_install_exposes_only_refinery(layer: str, tmp_path: Path) -> N
 
 
 def test_wheel_install_has_one_top_level_package(tmp_path: Path) -> None:
-    target = tmp_path / "site"
+    # Built from a copy: setuptools writes build/ into the tree it builds.
+    source, target = tmp_path / "src", tmp_path / "site"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", "build", "*.egg-info", "__pycache__", "data", "docs"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--target", str(target), str(REPO)],
+                    "--no-build-isolation", "--target", str(target), str(source)],
                    check=True, capture_output=True, timeout=300)
     packages = sorted(p.name for p in target.iterdir()
                       if p.is_dir() and p.name != "bin"  # the console script

@@ -7,7 +7,9 @@ import pytest
 from refinery.engine.context import Budget
 from refinery.engine.errors import BudgetExhausted, SpecError
 from refinery.engine.run import run, solve_one
+from refinery.engine.types import Attempt
 from refinery.strategies import DEI, SSR, CoT, CritiqueRefine, SelfConsistency
+from refinery.strategies.base import PartialAttempts, gather_attempts
 
 from refinery import strategies
 from tests.scripted_backend import ScriptedBackend
@@ -68,14 +70,34 @@ async def test_trace_is_a_provenance_dag_ending_in_select():
 def test_registry_aliases_and_python_construction():
     assert strategies.REGISTRY["self_consistency"] is strategies.REGISTRY["sc"]
     assert repr(strategies.build("self_consistency(n=3)")) == "sc(cot, n=3)"
-    sc = SelfConsistency(n=4)  # default inner built from the registry
+    sc = SelfConsistency(n=4)  # default inner: the class's default_inner, with defaults
     assert isinstance(sc.inner[0], CoT) and sc.params.n == 4
     with pytest.raises(SpecError, match="n expects int"):
         SelfConsistency(CoT(), n="many")
-    with pytest.raises(SpecError, match="takes 1..1 inner"):
+    # the same messages as the graph gives for the same mistakes
+    with pytest.raises(SpecError, match="sc takes 1 inner strategy, got 2"):
         SelfConsistency(CoT(), CoT())
+    with pytest.raises(SpecError, match=r"sc has no parameter 'nn'; did you mean 'n'\?"):
+        SelfConsistency(CoT(), nn=4)
+    assert repr(strategies.DEI()) == "dei(ssr(cot), critique_refine(cot), sage(cot))"
+    assert repr(strategies.DEI()) == repr(strategies.build("dei"))
     names = [d["name"] for d in strategies.describe()]
     assert names == ["cot", "sc", "best_of_n", "critique_refine", "ssr", "ssr_ada",
                      "ssr_plan", "sage", "dei"]
     dei = next(d for d in strategies.describe() if d["name"] == "dei")
     assert dei["params"]["votes"]["default"] == 10 and dei["inner"] == "1..any"
+
+
+async def test_a_spent_budget_carries_the_finished_attempts_as_a_type() -> None:
+    done = Attempt(text="\\boxed{4}", answer="4")
+
+    async def finished() -> Attempt:
+        return done
+
+    async def spent() -> Attempt:
+        raise BudgetExhausted("call budget of 1 spent")
+
+    with pytest.raises(PartialAttempts) as info:
+        await gather_attempts([finished(), spent()])
+    assert isinstance(info.value, BudgetExhausted) and info.value.attempts == [done]
+    assert info.value.message == "call budget of 1 spent"
