@@ -8,7 +8,8 @@ OpenAI error body (``{"error": {"message", "type", "param", "code"}}``) with
     ├── InvalidRequestError             400 invalid_request_error
     │   ├── SpecError                   400   bad strategy spec / parameter
     │   ├── PromptTooLongError          400   prompt over the context window
-    │   └── BudgetError                 400   budget asked for exceeds the cap
+    │   ├── BudgetError                 400   budget asked for exceeds the cap
+    │   └── RequestTooLargeError        413   request body over the server's limit
     ├── AuthenticationError             401 authentication_error
     ├── NotFoundError                   404 not_found_error
     │   └── UnknownModelError           404   lists the known models
@@ -62,6 +63,12 @@ class PromptTooLongError(InvalidRequestError):
 
 class BudgetError(InvalidRequestError):
     """A requested budget is larger than the server allows, or a spec's worst case is."""
+
+
+class RequestTooLargeError(InvalidRequestError):
+    """A request body over the server's size limit."""
+
+    status = 413
 
 
 class AuthenticationError(RefineryError):

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, Literal, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from typing import Any, Literal, Protocol, TypeVar
 
 from refinery.engine.backends.base import Backend
-from refinery.engine.context import Budget, Context, LoopPolicy
+from refinery.engine.context import Budget, Context, LoopPolicy, TextSink
 from refinery.engine.errors import BudgetExhausted, RefineryError
 from refinery.engine.loops import LoopDetector
-from refinery.engine.trace import Trace, TraceWriter
+from refinery.engine.trace import Trace, TraceEvent, TraceWriter
 from refinery.engine.types import Attempt, SamplingParams, Task
 
+T = TypeVar("T")
 OnError = Literal["record", "raise"]
 
 
@@ -32,6 +33,11 @@ class Solver(Protocol):
     name: str
 
     async def solve(self, task: Task, ctx: Context) -> Attempt: ...
+
+
+EXHAUSTED = "budget exhausted before any answer"
+ChoiceListener = Callable[[int, TraceEvent], None]
+ChoiceSink = Callable[[int], TextSink]
 
 
 async def solve_one(strategy: Solver, task: Task, backend: Backend, *,
@@ -45,20 +51,69 @@ async def solve_one(strategy: Solver, task: Task, backend: Backend, *,
     record only; the strategy never sees it. Strategy errors are raised; a
     spent budget with no attempt at all is recorded as the trace's error.
     """
-    trace = Trace(task_id=task.id, task=task.record(gold), strategy=spec or strategy.name,
-                  model=backend.model)
-    ctx = Context(backend, task=task, budget=budget, trace=trace, params=params,
-                  loop_detector=loop_detector, loop_policy=loop_policy, verifier=verifier,
-                  listener=listener, final_sink=final_sink)
-    t0 = time.monotonic()
+    traces = await solve_choices(
+        strategy, task, backend, budget=budget, params=params, loop_detector=loop_detector,
+        loop_policy=loop_policy, verifier=verifier, spec=spec, gold=gold,
+        listener=(lambda _, ev: listener(ev)) if listener else None,
+        final_sink=(lambda _: final_sink) if final_sink else None)
+    return traces[0]
+
+
+async def solve_choices(strategy: Solver, task: Task, backend: Backend, *, n: int = 1,
+                        budget: Budget | None = None, params: SamplingParams | None = None,
+                        loop_detector: LoopDetector | None = None,
+                        loop_policy: LoopPolicy = "retry", verifier: Any = None,
+                        listener: ChoiceListener | None = None,
+                        final_sink: ChoiceSink | None = None, spec: str = "",
+                        trace_ids: Sequence[str] | None = None, gold: str | None = None,
+                        on_exhausted: OnError = "record") -> list[Trace]:
+    """Solve ``task`` ``n`` times independently and concurrently on one shared budget.
+
+    The one run path: ``solve_one`` is ``n=1`` and the server's ``n`` choices
+    are this. ``listener`` and ``final_sink`` get the choice index. A spent
+    budget with no attempt is recorded as the trace's error, or re-raised with
+    ``on_exhausted="raise"``; the first other failure cancels the siblings.
+    Every trace's ``usage`` is the shared total.
+
+    Example:
+        >>> a, b = await solve_choices(CoT(), task, backend, n=2, budget=Budget(max_calls=4))
+    """
+    root = Context(backend, task=task, budget=budget, params=params, verifier=verifier,
+                   loop_detector=loop_detector, loop_policy=loop_policy)
+    ids = trace_ids or [task.id if n == 1 else f"{task.id}/{i}" for i in range(n)]
+
+    async def choice(i: int) -> Trace:
+        trace = Trace(task_id=ids[i], task=task.record(gold), strategy=spec or strategy.name,
+                      model=backend.model)
+        ctx = root.fork(trace=trace,
+                        listener=(lambda ev: listener(i, ev)) if listener else None,
+                        final_sink=final_sink(i) if final_sink else None)
+        t0 = time.monotonic()
+        try:
+            trace.attempt = await strategy.solve(task, ctx)
+        except BudgetExhausted as exc:
+            if on_exhausted == "raise":
+                raise
+            trace.fail(exc, f"{EXHAUSTED}: {exc}")
+        finally:
+            trace.seconds = time.monotonic() - t0
+        return trace
+
+    traces = await gather_or_cancel([choice(i) for i in range(n)])
+    for trace in traces:
+        trace.usage = root.spent
+    return traces
+
+
+async def gather_or_cancel(coros: Sequence[Awaitable[T]]) -> list[T]:
+    """Like gather, but the first failure cancels the siblings (no orphan work)."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
     try:
-        trace.attempt = await strategy.solve(task, ctx)
-    except BudgetExhausted as exc:
-        trace.fail(exc, f"budget exhausted before any answer: {exc}")
+        return list(await asyncio.gather(*tasks))
     finally:
-        trace.usage = ctx.spent
-        trace.seconds = time.monotonic() - t0
-    return trace
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def iter_run(strategy: Solver, tasks: Sequence[Task], backend: Backend, *,

@@ -5,6 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
+
+from refinery.engine.context import LoopPolicy
+from refinery.engine.models import DEFAULT_MODEL
+
+EngineDeathPolicy = Literal["exit", "restart"]
 
 DEFAULT_PRESETS = {
     "cot": "cot",
@@ -35,7 +41,7 @@ class ServerConfig:
     finish before cancelling them.
     """
 
-    model: str = "smollm2-135m"
+    model: str = DEFAULT_MODEL
     default_strategy: str | None = None
     presets: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PRESETS))
     api_keys: frozenset[str] = frozenset()
@@ -49,9 +55,9 @@ class ServerConfig:
     default_max_tokens: int = 512
     default_temperature: float = 0.7
     loop_detection: bool = True
-    loop_policy: str = "retry"
+    loop_policy: LoopPolicy = "retry"
     keepalive_seconds: float = 10.0
-    on_engine_death: str = "exit"  # "exit" | "restart"
+    on_engine_death: EngineDeathPolicy = "exit"
     max_engine_restarts: int = 3
     engine_check_seconds: float = 0.5
     graceful_timeout: float = 30.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from refinery.serving.service import Outcome, loop_alarms
 
 
 class Metrics:
@@ -24,6 +25,24 @@ class Metrics:
                                registry=self.registry)
         self.loop_alarms = Counter("refinery_loop_alarms", "Generations stopped as loops.",
                                    labels, registry=self.registry)
+
+    def observe(self, *, model: str, spec: str | None, endpoint: str, status: str,
+                seconds: float, outcome: Outcome | None = None) -> None:
+        """Count one finished request (with its usage, when it has an outcome)."""
+        # The root strategy's name, not the whole spec: clients choose specs freely
+        # (cot(instruction='...') has endless variants) and every distinct label value
+        # would be a new time series kept forever.
+        strategy = spec.split("(", 1)[0] if spec else "passthrough"
+        labels = {"model": model, "strategy": strategy}
+        self.requests.labels(**labels, endpoint=endpoint, status=status).inc()
+        self.latency.labels(**labels).observe(seconds)
+        if outcome is None:
+            return
+        usage = outcome.usage
+        self.tokens.labels(**labels, kind="prompt").inc(usage.prompt_tokens)
+        self.tokens.labels(**labels, kind="completion").inc(usage.completion_tokens)
+        self.calls.labels(**labels).inc(usage.calls)
+        self.loop_alarms.labels(**labels).inc(sum(map(loop_alarms, outcome.traces)))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -8,7 +8,6 @@ model, each with a description.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -123,10 +122,6 @@ class CompletionRequest(OpenAIBase):
 
 # -- responses ---------------------------------------------------------------------------
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -157,9 +152,9 @@ class ChatChoice(BaseModel):
 
 
 class ChatCompletionResponse(BaseModel):
-    id: str = Field(default_factory=lambda: new_id("chatcmpl"))
+    id: str
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
+    created: int
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
@@ -199,9 +194,9 @@ class CompletionChoice(BaseModel):
 
 
 class CompletionResponse(BaseModel):
-    id: str = Field(default_factory=lambda: new_id("cmpl"))
+    id: str
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=lambda: int(time.time()))
+    created: int
     model: str
     choices: list[CompletionChoice]
     usage: UsageInfo

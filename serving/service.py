@@ -1,6 +1,6 @@
 """What the routes call: resolve a request to a strategy, run its choices.
 
-A request's ``model`` is ``SPEC@MODEL`` (``ssr@smollm2-135m``), a preset name
+A request's ``model`` is ``SPEC@MODEL`` (``ssr@`` and the served model), a preset name
 with ``@MODEL``, or the plain served model (passthrough, or the server's
 default strategy). ``refinery.strategy`` in the body overrides the spec.
 
@@ -14,14 +14,12 @@ independently, sharing the request's budget; ``seed`` is passed to every call
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from refinery.engine.backends.base import Backend
-from refinery.engine.context import Budget, Context, TextSink
+from refinery.engine.context import Budget, Context, LoopPolicy
 from refinery.engine.errors import (
     BackendUnavailableError,
     BudgetError,
@@ -33,10 +31,17 @@ from refinery.engine.errors import (
 )
 from refinery.engine.graph import MAX_SPEC_CHARS, to_spec
 from refinery.engine.loops import CusumLoopDetector
-from refinery.engine.trace import Trace, TraceEvent
+from refinery.engine.run import EXHAUSTED, ChoiceListener, ChoiceSink, Solver, solve_choices
+from refinery.engine.trace import Trace
 from refinery.engine.types import Attempt, Message, SamplingParams, Task, Usage
 from refinery.serving.config import ServerConfig
-from refinery.serving.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from refinery.serving.protocol import (
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    RefineryBudget,
+    RefineryOptions,
+)
 from refinery.strategies import build_with_graph
 
 
@@ -57,45 +62,57 @@ class Passthrough:
 class Prepared:
     """A validated request, ready to run."""
 
-    strategy: Any
+    strategy: Solver
     spec: str | None
     task: Task
     params: SamplingParams
     budget: Budget
     n: int
-    loop_policy: str
-    trace_mode: str
+    loop_policy: LoopPolicy
+    trace_mode: Literal["none", "summary", "full"]
 
 
 @dataclass
 class Outcome:
+    """A finished run: one trace per choice, the shared usage, the wall time."""
+
     traces: list[Trace]
     usage: Usage
     seconds: float
 
 
 class Service:
-    """Holds the backend (once ready) and turns requests into strategy runs."""
+    """Holds the backend (once ready) and turns requests into strategy runs.
+
+    Example:
+        >>> service = Service(ServerConfig(), backend)
+        >>> outcome = await service.run(service.prepare(request))
+    """
 
     def __init__(self, config: ServerConfig, backend: Backend | None = None):
         self.config = config
         self.backend = backend
         self.start_error: str | None = None
-        self.in_flight = 0
         self.detector = CusumLoopDetector() if config.loop_detection else None
 
     # -- readiness ----------------------------------------------------------------------
 
     @property
     def ready(self) -> bool:
-        b = self.backend
-        return b is not None and getattr(b, "healthy", True)
+        return self.backend is not None and self.backend.healthy
+
+    @property
+    def not_ready_reason(self) -> str:
+        """Why /health is 503: the start failure, still starting, or the backend's status."""
+        if self.start_error:
+            return self.start_error
+        return self.backend.status if self.backend is not None else "starting"
 
     def require_backend(self) -> Backend:
         if self.backend is None:
             why = f": {self.start_error}" if self.start_error else " (still starting)"
             raise BackendUnavailableError(f"the model engine is not ready{why}")
-        if not getattr(self.backend, "healthy", True):
+        if not self.backend.healthy:
             raise BackendUnavailableError("the model engine has died")
         return self.backend
 
@@ -123,54 +140,47 @@ class Service:
         return self.config.presets.get(spec.strip(), spec)
 
     def prepare(self, req: ChatCompletionRequest | CompletionRequest) -> Prepared:
+        """Validate a request against the served model and the limits; build its run."""
         backend = self.require_backend()
-        cfg = self.config
-        opts = req.refinery
-        spec = self.resolve_spec(req.model, opts.strategy if opts else None)
-        if spec is None:
-            strategy, canonical = Passthrough(), None
-        else:
-            strategy, graph = build_with_graph(spec, max_calls=cfg.max_spec_calls)
-            canonical = to_spec(graph)
-        if isinstance(req, ChatCompletionRequest):
-            if len(req.messages) > cfg.max_messages:
-                raise InvalidRequestError(
-                    f"{len(req.messages)} messages; at most {cfg.max_messages} are accepted",
-                    param="messages")
-            messages = [to_message(m) for m in req.messages]
-            max_tokens = req.max_completion_tokens or req.max_tokens
-        else:
-            if not isinstance(req.prompt, str):
-                if len(req.prompt) != 1:
-                    raise InvalidRequestError("only one prompt per request is supported",
-                                              param="prompt")
-                req.prompt = req.prompt[0]
-            messages = [Message(role="user", content=req.prompt)]
-            max_tokens = req.max_tokens
+        opts = req.refinery or RefineryOptions()
+        spec = self.resolve_spec(req.model, opts.strategy)
+        strategy, canonical = self.build(spec)
+        messages, max_tokens = conversation(req, self.config.max_messages)
         n_prompt = backend.count_tokens(messages)
         if n_prompt >= backend.max_model_len:
             raise PromptTooLongError(
                 f"prompt is {n_prompt} tokens; the model's context window is "
                 f"{backend.max_model_len} tokens", param="messages",
                 code="context_length_exceeded")
-        params = SamplingParams(
+        policy = opts.loop_policy or ("off" if spec is None else self.config.loop_policy)
+        return Prepared(strategy=strategy, spec=canonical, task=Task(messages=messages),
+                        params=self.sampling(req, max_tokens), budget=self.budget(opts.budget),
+                        n=req.n, loop_policy=policy, trace_mode=opts.trace)
+
+    def build(self, spec: str | None) -> tuple[Solver, str | None]:
+        """The strategy for ``spec`` and its canonical spelling (passthrough: None)."""
+        if spec is None:
+            return Passthrough(), None
+        strategy, graph = build_with_graph(spec, max_calls=self.config.max_spec_calls)
+        return strategy, to_spec(graph)
+
+    def sampling(self, req: ChatCompletionRequest | CompletionRequest,
+                 max_tokens: int | None) -> SamplingParams:
+        """The request's sampling fields, with the server's defaults for the unset ones."""
+        cfg = self.config
+        return SamplingParams(
             temperature=cfg.default_temperature if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
             max_tokens=max_tokens or cfg.default_max_tokens, stop=req.stop, seed=req.seed)
-        policy = (opts.loop_policy if opts and opts.loop_policy else
-                  ("off" if spec is None else cfg.loop_policy))
-        return Prepared(strategy=strategy, spec=canonical, task=Task(messages=messages),
-                        params=params, budget=self.budget(opts.budget if opts else None),
-                        n=req.n, loop_policy=policy,
-                        trace_mode=opts.trace if opts else "none")
 
-    def budget(self, asked: Any) -> Budget:
+    def budget(self, asked: RefineryBudget | None) -> Budget:
+        """The request's budget: the server's caps, lowered where the request asks."""
         cfg = self.config
         caps = {"max_tokens": cfg.max_request_tokens, "max_calls": cfg.max_request_calls,
                 "max_seconds": cfg.max_request_seconds}
         out = dict(caps)
         for key, cap in caps.items():
-            value = getattr(asked, key, None) if asked is not None else None
+            value = getattr(asked, key) if asked is not None else None
             if value is None:
                 continue
             if value > cap:
@@ -181,47 +191,38 @@ class Service:
 
     # -- execution ----------------------------------------------------------------------
 
-    async def run(self, prep: Prepared,
-                  listener: Callable[[int, TraceEvent], None] | None = None,
-                  sink: Callable[[int], TextSink] | None = None) -> Outcome:
-        """Run the n choices concurrently on one shared budget."""
+    async def run(self, prep: Prepared, listener: ChoiceListener | None = None,
+                  sink: ChoiceSink | None = None) -> Outcome:
+        """Run the n choices concurrently on one shared budget (``engine.run``'s path)."""
         backend = self.require_backend()
         t0 = time.monotonic()
-        root = Context(backend, task=prep.task, budget=prep.budget, params=prep.params,
-                       loop_detector=self.detector, loop_policy=prep.loop_policy)
-
-        async def choice(i: int) -> Trace:
-            trace = Trace(task_id=str(i), strategy=prep.spec or "passthrough",
-                          model=backend.model)
-            ctx = root.fork(
-                trace=trace,
-                listener=(lambda ev: listener(i, ev)) if listener else None,
-                final_sink=sink(i) if sink else None)
-            c0 = time.monotonic()
-            try:
-                trace.attempt = await prep.strategy.solve(prep.task, ctx)
-            except BudgetExhausted as exc:
-                raise BudgetExhausted(f"budget exhausted before any answer: {exc}",
-                                      param="refinery.budget") from exc
-            trace.seconds = time.monotonic() - c0
-            return trace
-
-        traces = await gather_or_cancel([choice(i) for i in range(prep.n)])
-        usage = root.spent
-        for t in traces:
-            t.usage = usage
-        return Outcome(traces=traces, usage=usage, seconds=time.monotonic() - t0)
+        try:
+            traces = await solve_choices(
+                prep.strategy, prep.task, backend, n=prep.n, budget=prep.budget,
+                params=prep.params, loop_detector=self.detector, loop_policy=prep.loop_policy,
+                listener=listener, final_sink=sink, spec=prep.spec or "passthrough",
+                trace_ids=[str(i) for i in range(prep.n)], on_exhausted="raise")
+        except BudgetExhausted as exc:
+            raise BudgetExhausted(f"{EXHAUSTED}: {exc}", param="refinery.budget") from exc
+        return Outcome(traces=traces, usage=traces[0].usage, seconds=time.monotonic() - t0)
 
 
-async def gather_or_cancel(coros: list) -> list:
-    """Like gather, but the first failure cancels the siblings (no orphan work)."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    try:
-        return list(await asyncio.gather(*tasks))
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+def conversation(req: ChatCompletionRequest | CompletionRequest,
+                 max_messages: int) -> tuple[list[Message], int | None]:
+    """The messages a request sends the model, and the max_tokens it asks for."""
+    if isinstance(req, ChatCompletionRequest):
+        if len(req.messages) > max_messages:
+            raise InvalidRequestError(
+                f"{len(req.messages)} messages; at most {max_messages} are accepted",
+                param="messages")
+        return [to_message(m) for m in req.messages], req.max_completion_tokens or req.max_tokens
+    prompt = req.prompt
+    if not isinstance(prompt, str):
+        if len(prompt) != 1:
+            raise InvalidRequestError("only one prompt per request is supported",
+                                      param="prompt")
+        prompt = prompt[0]
+    return [Message(role="user", content=prompt)], req.max_tokens
 
 
 def to_message(m: ChatMessage) -> Message:

@@ -5,10 +5,15 @@ comment strings, used as keep-alives) into ``data: {json}\\n\\n`` events. If
 the iterator fails after the stream began, an error chunk in the OpenAI error
 schema is sent; ``data: [DONE]`` always ends the stream.
 
-``chat_chunks`` streams a strategy run: the role chunk first for every choice,
-intermediate strategy steps as ``delta.reasoning_content``, the final answer as
-``delta.content`` (token by token when the final stage is a generation),
-``finish_reason`` on each choice's last chunk, and the usage chunk.
+``stream_chunks`` streams a strategy run through an endpoint adapter: each
+choice's opening chunk first (chat: the role), intermediate strategy steps as
+reasoning (chat: ``delta.reasoning_content``), the final answer as it is
+generated (token by token when the final stage is a generation),
+``finish_reason`` on each choice's last chunk, then the usage chunk.
+
+Example:
+    >>> async for event in sse(stream_chunks(CHAT, head, prep, service)):
+    ...     print(event, end="")
 """
 
 from __future__ import annotations
@@ -17,35 +22,33 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel
+from refinery.engine.context import TextSink
 from refinery.engine.errors import RefineryError
 from refinery.engine.trace import TraceEvent
-from refinery.serving.protocol import (
-    ChatCompletionChunk,
-    ChunkChoice,
-    CompletionChoice,
-    CompletionChunk,
-    DeltaMessage,
-    RefineryInfo,
-    UsageInfo,
-)
+from refinery.serving.endpoints import Endpoint, ResponseHead, answer, refinery_info, usage_info
+from refinery.serving.errors import openai_error
 from refinery.serving.service import Outcome, Prepared, Service
 
 log = logging.getLogger(__name__)
 REASONING_CHARS = 2000
+KEEPALIVE = ": keep-alive\n\n"
+DONE = "data: [DONE]\n\n"
+CANCELLED_INSIDE = {"error": {"message": "the request was cancelled inside the engine",
+                              "type": "server_error", "param": None, "code": None}}
 
 
 async def sse(chunks: AsyncIterator[BaseModel | str]) -> AsyncIterator[str]:
+    """``chunks`` as SSE events: an error chunk if they fail, ``[DONE]`` always last."""
     try:
         async for chunk in chunks:
             if isinstance(chunk, str):
                 yield chunk
             else:
                 yield f"data: {chunk.model_dump_json(exclude_none=True)}\n\n"
-    except RefineryError as exc:
-        yield f"data: {json.dumps(exc.to_openai())}\n\n"
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is None or task.cancelling():
@@ -53,15 +56,12 @@ async def sse(chunks: AsyncIterator[BaseModel | str]) -> AsyncIterator[str]:
         # A cancellation from inside the run (an engine aborting a request), not
         # of this response: the client is still there and must see the stream end.
         log.error("stream cancelled from inside the run")
-        body = {"error": {"message": "the request was cancelled inside the engine",
-                          "type": "server_error", "param": None, "code": None}}
-        yield f"data: {json.dumps(body)}\n\n"
+        yield f"data: {json.dumps(CANCELLED_INSIDE)}\n\n"
     except Exception as exc:  # the stream has begun: an error chunk is all we can send
-        log.exception("stream failed")
-        body = {"error": {"message": f"internal error: {type(exc).__name__}",
-                          "type": "internal_error", "param": None, "code": None}}
-        yield f"data: {json.dumps(body)}\n\n"
-    yield "data: [DONE]\n\n"
+        if not isinstance(exc, RefineryError):
+            log.exception("stream failed")
+        yield f"data: {openai_error(exc)[1].model_dump_json()}\n\n"
+    yield DONE
 
 
 def reasoning_text(ev: TraceEvent) -> str | None:
@@ -81,107 +81,82 @@ def reasoning_text(ev: TraceEvent) -> str | None:
     return f"[{ev.strategy or 'strategy'} · {ev.step}] {body}\n\n"
 
 
+@dataclass(frozen=True)
+class RunEvent:
+    """What a running request reports: a step, answer text, its end, or a keep-alive."""
+
+    kind: Literal["reasoning", "content", "done", "keepalive"]
+    choice: int = -1
+    text: str = ""
+    outcome: Outcome | None = None
+
+
 async def events_of_run(service: Service, prep: Prepared,
-                        keepalive: float) -> AsyncIterator[tuple[str, int, Any]]:
-    """Run a request; yield (kind, choice, payload): reasoning, content, done, keepalive."""
-    queue: asyncio.Queue = asyncio.Queue()
+                        keepalive: float) -> AsyncIterator[RunEvent]:
+    """Run a request in a task; yield its events as they come (keep-alives when idle).
+
+    Raises:
+        Whatever the run raised; leaving early cancels the run (and its backend requests).
+    """
+    queue: asyncio.Queue[RunEvent | BaseException] = asyncio.Queue()
 
     def listener(i: int, ev: TraceEvent) -> None:
         text = reasoning_text(ev)
         if text:
-            queue.put_nowait(("reasoning", i, text))
+            queue.put_nowait(RunEvent("reasoning", i, text))
 
-    def sink(i: int):
+    def sink(i: int) -> TextSink:
         async def put(text: str) -> None:
-            queue.put_nowait(("content", i, text))
+            queue.put_nowait(RunEvent("content", i, text))
         return put
 
     async def work() -> None:
         try:
-            queue.put_nowait(("done", -1, await service.run(prep, listener, sink)))
+            queue.put_nowait(RunEvent("done", outcome=await service.run(prep, listener, sink)))
         except BaseException as exc:
-            queue.put_nowait(("error", -1, exc))
+            queue.put_nowait(exc)
             raise
 
     task = asyncio.ensure_future(work())
     try:
         while True:
             try:
-                kind, i, payload = await asyncio.wait_for(queue.get(), keepalive)
+                event = await asyncio.wait_for(queue.get(), keepalive)
             except TimeoutError:
-                yield ("keepalive", -1, None)
-                continue
-            if kind == "error":
-                raise payload
-            yield (kind, i, payload)
-            if kind == "done":
+                event = RunEvent("keepalive")
+            if isinstance(event, BaseException):
+                raise event
+            yield event
+            if event.kind == "done":
                 return
     finally:
-        # Client gone or failure: cancelling the run aborts its backend requests.
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
 
-def usage_info(outcome: Outcome) -> UsageInfo:
-    u = outcome.usage
-    return UsageInfo(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                     total_tokens=u.total_tokens)
-
-
-async def chat_chunks(service: Service, prep: Prepared, *, rid: str, created: int,
-                      model: str, include_usage: bool,
-                      info: Any) -> AsyncIterator[BaseModel | str]:
-    def chunk(i: int, delta: DeltaMessage, finish: str | None = None) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=rid, created=created, model=model, choices=[
-            ChunkChoice(index=i, delta=delta, finish_reason=finish)])
-
+async def stream_chunks(endpoint: Endpoint, head: ResponseHead, prep: Prepared,
+                        service: Service, *,
+                        include_usage: bool = False) -> AsyncIterator[BaseModel | str]:
+    """One request's chunks, in the endpoint's shapes (see the module docstring)."""
     for i in range(prep.n):
-        yield chunk(i, DeltaMessage(role="assistant", content=""))
+        if (opening := endpoint.opening(head, i)) is not None:
+            yield opening
     streamed = [False] * prep.n
-    async for kind, i, payload in events_of_run(service, prep, service.config.keepalive_seconds):
-        if kind == "keepalive":
-            yield ": keep-alive\n\n"
-        elif kind == "reasoning":
-            yield chunk(i, DeltaMessage(reasoning_content=payload))
-        elif kind == "content":
-            streamed[i] = True
-            yield chunk(i, DeltaMessage(content=payload))
-        elif kind == "done":
-            outcome: Outcome = payload
-            for j, trace in enumerate(outcome.traces):
-                att = trace.attempt
-                if not streamed[j] and att is not None and att.text:
-                    yield chunk(j, DeltaMessage(content=att.text))
-                yield chunk(j, DeltaMessage(), att.finish_reason if att else "stop")
-            ext = info(outcome)
+    async for ev in events_of_run(service, prep, service.config.keepalive_seconds):
+        if ev.kind == "keepalive":
+            yield KEEPALIVE
+        elif ev.kind == "reasoning":
+            if (chunk := endpoint.reasoning(head, ev.choice, ev.text)) is not None:
+                yield chunk
+        elif ev.kind == "content":
+            streamed[ev.choice] = True
+            yield endpoint.delta(head, ev.choice, ev.text)
+        elif ev.outcome is not None:
+            for i, trace in enumerate(ev.outcome.traces):
+                text, reason = answer(trace)
+                if text and not streamed[i]:
+                    yield endpoint.delta(head, i, text)
+                yield endpoint.finish(head, i, reason)
             if include_usage:
-                yield ChatCompletionChunk(id=rid, created=created, model=model, choices=[],
-                                          usage=usage_info(outcome), refinery=ext)
-
-
-async def completion_chunks(service: Service, prep: Prepared, *, rid: str, created: int,
-                            model: str, include_usage: bool) -> AsyncIterator[BaseModel | str]:
-    def chunk(i: int, text: str, finish: str | None = None) -> CompletionChunk:
-        return CompletionChunk(id=rid, created=created, model=model, choices=[
-            CompletionChoice(index=i, text=text, finish_reason=finish)])
-
-    streamed = [False] * prep.n
-    async for kind, i, payload in events_of_run(service, prep, service.config.keepalive_seconds):
-        if kind == "keepalive":
-            yield ": keep-alive\n\n"
-        elif kind == "content":
-            streamed[i] = True
-            yield chunk(i, payload)
-        elif kind == "done":
-            outcome: Outcome = payload
-            for j, trace in enumerate(outcome.traces):
-                att = trace.attempt
-                if not streamed[j] and att is not None and att.text:
-                    yield chunk(j, att.text)
-                yield chunk(j, "", att.finish_reason if att else "stop")
-            if include_usage:
-                yield CompletionChunk(id=rid, created=created, model=model, choices=[],
-                                      usage=usage_info(outcome))
-
-
-__all__ = ["RefineryInfo", "chat_chunks", "completion_chunks", "sse"]
+                yield endpoint.usage_chunk(head, usage_info(ev.outcome),
+                                           refinery_info(prep, ev.outcome))

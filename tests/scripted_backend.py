@@ -17,6 +17,10 @@ vLLM, deterministically), ``delay`` seconds per call (a slow engine), and
 until cancelled). ``log`` records ("start" | "done" | "cancel", call index) in
 order, so a test can prove which calls a deadline cancelled and that none
 started after it.
+
+Health: ``dead=True`` (or ``die()``) makes it a dead engine for the server's
+/health and on-engine-death policy; ``in_flight`` counts the slow calls that
+started and have not finished.
 """
 
 from __future__ import annotations
@@ -48,6 +52,30 @@ class ScriptedBackend:
     delay: float = 0.0
     hang_after: int | None = None
     log: list[tuple[str, int]] = field(default_factory=list)
+    dead: bool = False
+    closed: bool = False
+
+    # -- health (what the server reads) --------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        return not self.dead
+
+    @property
+    def status(self) -> str:
+        return "engine died" if self.dead else "ok"
+
+    async def check_health(self) -> bool:
+        return self.healthy
+
+    def die(self) -> None:
+        """From now on the engine is dead for good, as a vLLM core that crashed."""
+        self.dead = True
+
+    @property
+    def in_flight(self) -> int:
+        """Slow calls started and not yet done or cancelled."""
+        return sum(1 if what == "start" else -1 for what, _ in self.log)
 
     @property
     def cancelled(self) -> list[int]:
@@ -123,4 +151,4 @@ class ScriptedBackend:
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
     async def aclose(self) -> None:
-        pass
+        self.closed = True

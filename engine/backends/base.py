@@ -21,10 +21,33 @@ class Backend(Protocol):
     ``monitor`` is a loop detector; the backend runs a fresh monitor on the
     stream of every sample and stops a looping one with finish_reason ``loop``
     and its text cut at the loop's onset.
+
+    The health members are what the server reads for /health and its
+    on-engine-death policy: ``healthy`` can come back (an upstream that answers
+    again), ``dead`` cannot (the engine process is gone; only a new backend helps).
     """
 
     model: str
     max_model_len: int
+
+    @property
+    def healthy(self) -> bool:
+        """True while the backend can serve requests."""
+        ...
+
+    @property
+    def dead(self) -> bool:
+        """True once the backend is gone for good; it never turns False again."""
+        ...
+
+    @property
+    def status(self) -> str:
+        """``"ok"``, or why the backend is not healthy (for /health)."""
+        ...
+
+    async def check_health(self) -> bool:
+        """Probe the model now (an upstream's reachability) and return ``healthy``."""
+        ...
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
                        n: int | None = None,

@@ -268,6 +268,11 @@ class OpenAIBackend:
         return not self.guard.is_open
 
     @property
+    def dead(self) -> bool:
+        """Never: an unreachable upstream is unhealthy until it answers again."""
+        return False
+
+    @property
     def status(self) -> str:
         """Why the backend is not healthy, for /health."""
         if self.healthy:

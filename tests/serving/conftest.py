@@ -1,22 +1,97 @@
-"""Fixtures for the server's fuzz and hostile-input tests.
+"""Fixtures of the server tests.
 
-Re-exports the e2e ``serve`` factory (a real uvicorn server in the session loop
-over the session's one real vLLM engine) and adds :class:`CountingBackend`, a
-delegate around the real backend that counts model calls, so a test can prove
-a request was refused before any model call.
+Fast tests: ``scripted_serve`` starts the app on a real uvicorn on loopback
+over a :class:`ScriptedBackend` (no model), so the whole HTTP layer runs in
+``make test-fast``. The fuzz and hostile-input (e2e) tests: re-exports the e2e
+``serve`` factory (a real uvicorn server in the session loop over the
+session's one real vLLM engine) and adds :class:`CountingBackend`, a delegate
+around the real backend that counts model calls, so a test can prove a
+request was refused before any model call.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import httpx
 import pytest
+from fastapi import FastAPI
+from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.types import Completion, Delta, Message, SamplingParams
+from refinery.serving import ServerConfig, create_app
 
-from tests.e2e.conftest import serve  # noqa: F401  (the fixture, re-registered here)
+from tests.e2e.conftest import serve, start_server  # noqa: F401  (serve: the fixture)
+from tests.scripted_backend import ScriptedBackend
 
 ERROR_KEYS = {"message", "type", "param", "code"}
+MODEL = DEFAULT_MODEL
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+QUESTION = [{"role": "user", "content": "2+2?"}]
+ANSWER = "The answer is 4."
+
+
+def scripted(**knobs: Any) -> ScriptedBackend:
+    """A backend answering every prompt with ``ANSWER`` (knobs: ``hang_after``...)."""
+    return ScriptedBackend([(r".*", ANSWER)], **knobs)
+
+
+def chat(**fields: Any) -> dict:
+    """A chat request body for the served model, with ``fields`` set."""
+    return {"model": MODEL, "messages": QUESTION, **fields}
+
+
+def sse_data(text: str) -> list[Any]:
+    """The ``data:`` payloads of an SSE body, JSON-decoded except ``[DONE]``."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+async def wait_for(predicate: Any, seconds: float = 5.0) -> bool:
+    """Poll ``predicate`` until it holds (True) or ``seconds`` pass (False)."""
+    for _ in range(int(seconds / 0.01)):
+        if predicate():
+            return True
+        await asyncio.sleep(0.01)
+    return bool(predicate())
+
+
+@pytest.fixture
+async def scripted_serve():
+    """A factory: ``url, app = await scripted_serve(config, backend=...)``.
+
+    The app runs on a real uvicorn on 127.0.0.1 in the test loop (lifespan,
+    disconnects and streaming as in production); without ``backend`` or
+    ``backend_factory`` it serves ``scripted()``. All are stopped after the test.
+    """
+    running = []
+
+    async def make(config: ServerConfig | None = None,
+                   **app_kwargs: Any) -> tuple[str, FastAPI]:
+        if "backend_factory" not in app_kwargs:
+            app_kwargs.setdefault("backend", scripted())
+        app = create_app(config or ServerConfig(), **app_kwargs)
+        server, task, url = await start_server(app)
+        running.append((server, task))
+        return url, app
+
+    yield make
+    for server, _ in running:
+        server.should_exit = True
+    await asyncio.gather(*(t for _, t in running), return_exceptions=True)
+
+
+@pytest.fixture
+async def client() -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(timeout=20) as http:
+        yield http
 
 
 class CountingBackend:
