@@ -21,8 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Sets the same vLLM environment (KV cache, cores) as the strategy bench; no vllm import.
-from refinery.engine.models import DEFAULT_MODEL  # noqa: E402
 from strategy_throughput import VLLMConfig, engine_kwargs  # noqa: E402
+
+from refinery.engine.models import DEFAULT_MODEL  # noqa: E402
 
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 

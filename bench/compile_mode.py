@@ -32,8 +32,9 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 # Sets the same vLLM environment (KV cache, cores) as the strategy bench; no vllm import.
-from refinery.engine.models import DEFAULT_MODEL  # noqa: E402
 from strategy_throughput import VLLMConfig, engine_kwargs  # noqa: E402
+
+from refinery.engine.models import DEFAULT_MODEL  # noqa: E402
 
 PROMPT = "Write a long story about a lighthouse keeper who counts ships."
 

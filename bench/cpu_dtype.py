@@ -29,9 +29,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 # Sets the same vLLM environment (KV cache, cores) as the strategy bench; no vllm import.
+from strategy_throughput import DATA, VLLMConfig, engine_kwargs  # noqa: E402
+
 from refinery.engine.hardware import CpuInfo, choose_dtype  # noqa: E402
 from refinery.engine.models import DEFAULT_MODEL  # noqa: E402
-from strategy_throughput import DATA, VLLMConfig, engine_kwargs  # noqa: E402
 
 DTYPES = ("bfloat16", "float32")
 

@@ -147,8 +147,9 @@ def gold_solutions(strip_notes: bool = False) -> list[str]:
 def token_chunker():
     """Split text into SmolLM2 token texts (falls back to word-sized chunks)."""
     try:
-        from refinery.engine.models import resolve_model
         from transformers import AutoTokenizer
+
+        from refinery.engine.models import resolve_model
 
         tok = AutoTokenizer.from_pretrained(resolve_model())
 

@@ -26,11 +26,10 @@ from strategy_throughput import load_tasks  # noqa: E402
 
 
 async def one(spec: str, todo: list, budget: int, max_tokens: int) -> dict:
+    from refinery import strategies
     from refinery.engine.backends.vllm import VLLMBackend, VLLMConfig
     from refinery.engine.run import run
     from refinery.engine.types import SamplingParams
-
-    from refinery import strategies
 
     backend = await VLLMBackend.create(config=VLLMConfig(max_num_batched_tokens=budget))
     try:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import httpx
 import openai
+
 from refinery.engine.backends.vllm import all_cpus
 from refinery.engine.models import DEFAULT_MODEL
 

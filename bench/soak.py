@@ -42,6 +42,7 @@ from pathlib import Path
 
 import httpx
 import openai
+
 from refinery.engine.models import DEFAULT_MODEL
 
 MODEL = DEFAULT_MODEL

@@ -136,11 +136,10 @@ def fmt(profile: list[float]) -> str:
 
 
 async def engine_phase(args: argparse.Namespace) -> dict:
+    from refinery import strategies
     from refinery.engine.backends.vllm import VLLMBackend
     from refinery.engine.run import run, solve_one
     from refinery.engine.types import Message, SamplingParams
-
-    from refinery import strategies
 
     tasks = load_tasks(args.tasks)
     params = SamplingParams(max_tokens=args.max_tokens)
@@ -189,10 +188,11 @@ async def engine_phase(args: argparse.Namespace) -> dict:
 def engine_kwargs(model: str, budget: int) -> dict:
     """The bare engines' settings: those of ``VLLMBackend`` (128 sequences, its dtype
     on this CPU), with ``budget`` tokens a scheduler step."""
+    from vllm.platforms import current_platform
+
     from refinery.engine.backends.vllm import engine_kwargs as backend_kwargs
     from refinery.engine.hardware import choose_dtype
     from refinery.engine.models import resolve_model
-    from vllm.platforms import current_platform
 
     config = VLLMConfig(max_num_batched_tokens=budget)
     dtype = choose_dtype(config.dtype, current_platform.is_cpu()).dtype

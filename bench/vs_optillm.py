@@ -43,8 +43,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Sets the same vLLM environment (KV cache, cores) as the strategy bench; no vllm import.
-from refinery.engine.models import DEFAULT_MODEL, refinery_home  # noqa: E402
 from strategy_throughput import DATA, VLLMConfig, engine_kwargs  # noqa: E402
+
+from refinery.engine.models import DEFAULT_MODEL, refinery_home  # noqa: E402
 
 SIDES = ("optillm", "upstream", "in-process")
 SPEC = "sc(cot, n=5)"
@@ -157,6 +158,7 @@ async def run_clients(base_url: str, model: str, work: list[tuple[str, str]], cl
                       max_tokens: int, side: Side) -> None:
     """``clients`` concurrent openai clients over ``work``; fills ``side``."""
     from openai import AsyncOpenAI
+
     from refinery.verifiers.math import extract_answer, is_equivalent
 
     queue: asyncio.Queue = asyncio.Queue()

@@ -18,6 +18,7 @@ from enum import Enum
 
 import typer
 from pydantic import ValidationError
+
 from refinery.engine.console import INTERRUPTED, USAGE, fail
 from refinery.engine.errors import RefineryError
 from refinery.engine.models import DEFAULT_MODEL

@@ -67,6 +67,7 @@ from typing import Any, Literal
 
 import networkx as nx
 from pydantic import BaseModel, Field
+
 from refinery.distill.schema import (
     ChatMessage,
     DistillError,

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
+
 from refinery.distill.dataset import BuildStats, build, gold_sft_rows
 from refinery.distill.schema import DistillError, read_rows
 from refinery.distill.train import TRAIN_RECORD, TrainConfig, TrainResult, read_train_record

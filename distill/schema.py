@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
 from refinery.engine.errors import InvalidRequestError
 from refinery.engine.models import DEFAULT_MODEL
 

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+
 from refinery.distill.schema import DistillError, MessagesRow, PairRow, read_rows
 from refinery.engine.models import DEFAULT_MODEL
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import NoReturn
 
 import typer
+
 from refinery.engine.errors import RefineryError
 
 USAGE, FAILURE, INTERRUPTED = 2, 1, 130

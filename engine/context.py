@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+
 from refinery.engine.backends.base import Backend
 from refinery.engine.errors import BudgetExhausted
 from refinery.engine.loops import LoopDetector

@@ -30,6 +30,7 @@ from typing import Any, Protocol, get_args, get_origin
 
 import networkx as nx
 from pydantic import BaseModel, ValidationError
+
 from refinery.engine.errors import BudgetError, SpecError
 
 MAX_SPEC_CHARS = 2000

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import networkx as nx
 from pydantic import BaseModel, Field, PrivateAttr
+
 from refinery.engine.errors import StorageError
 from refinery.engine.types import Attempt, Completion, Message, TaskRecord, Usage
 

@@ -18,6 +18,7 @@ from enum import Enum
 
 import typer
 from pydantic import ValidationError
+
 from refinery.engine.backends.factory import BackendKind
 from refinery.engine.console import INTERRUPTED, USAGE, fail
 from refinery.engine.errors import RefineryError

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+
 from refinery.engine.errors import InvalidRequestError
 from refinery.engine.types import Task
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, Field
+
 from refinery.eval.datasets import Example
 from refinery.verifiers.base import Verdict, Verifier
 from refinery.verifiers.code import extract_code

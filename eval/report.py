@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
+
 from refinery.engine.errors import InvalidRequestError
 from refinery.eval.metrics import Accuracy, CostSummary, accuracy, cost_summary
 from refinery.eval.runner import CONFIG, RESULTS, read_results

@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 import networkx as nx
 from pydantic import BaseModel, Field
+
 from refinery.engine.backends.base import Backend
 from refinery.engine.backends.factory import BackendKind, BackendSpec, make_backend
 from refinery.engine.context import Budget, Context, LoopPolicy

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 from fastapi import FastAPI
+
 from refinery.engine.backends.base import Backend
 from refinery.serving.config import ServerConfig
 from refinery.serving.errors import register_error_handlers

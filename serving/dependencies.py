@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+
 from refinery.engine.errors import AuthenticationError
 from refinery.serving.state import ServerState
 

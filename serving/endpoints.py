@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel
+
 from refinery.engine.trace import Trace
 from refinery.serving.protocol import (
     ChatChoice,

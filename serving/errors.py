@@ -17,6 +17,8 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
 from refinery.engine.errors import (
     InvalidRequestError,
     NotFoundError,
@@ -24,7 +26,6 @@ from refinery.engine.errors import (
     RequestTooLargeError,
 )
 from refinery.serving.protocol import ErrorInfo, ErrorResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from refinery.engine.errors import RequestTooLargeError
-from refinery.serving.errors import error_response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from refinery.engine.errors import RequestTooLargeError
+from refinery.serving.errors import error_response
 
 
 class BodyLimit:

@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
+
 from refinery.engine.errors import BackendUnavailableError
 from refinery.engine.graph import worst_case_calls
 from refinery.serving.dependencies import State, admit, authorize

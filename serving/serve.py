@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
 from refinery.engine.errors import RefineryError
 from refinery.serving.endpoints import Endpoint, ResponseHead, refinery_info
 from refinery.serving.protocol import ChatCompletionRequest, CompletionRequest

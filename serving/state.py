@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from prometheus_client import Gauge
+
 from refinery.engine.backends.base import Backend
 from refinery.engine.errors import OverCapacityError
 from refinery.serving.config import ServerConfig

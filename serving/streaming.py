@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel
+
 from refinery.engine.context import TextSink
 from refinery.engine.errors import RefineryError
 from refinery.engine.trace import TraceEvent

@@ -21,6 +21,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import FastAPI
+
 from refinery.engine.backends.base import Backend
 from refinery.serving.config import ServerConfig
 from refinery.serving.service import Service

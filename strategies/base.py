@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
+
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted, RefineryError, SpecError
 from refinery.engine.graph import (

@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Literal
 
 from pydantic import Field
+
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted, RefineryError
 from refinery.engine.graph import ChildCost

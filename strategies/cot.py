@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pydantic import Field
+
 from refinery.engine.context import Context
 from refinery.engine.trace import StepKind
 from refinery.engine.types import Attempt, Message, Task

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from pydantic import Field
+
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted
 from refinery.engine.graph import ChildCost

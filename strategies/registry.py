@@ -22,6 +22,7 @@ from typing import Any
 
 import networkx as nx
 from pydantic import BaseModel
+
 from refinery.engine.graph import DEFAULT_MAX_CALLS, ChildCost, build_strategy, type_name
 from refinery.strategies.base import Strategy
 from refinery.strategies.best_of_n import BestOfN

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 from pydantic import Field
+
 from refinery.engine.context import Context
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Task

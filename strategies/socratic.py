@@ -18,6 +18,7 @@ from collections import Counter
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
+
 from refinery.engine.context import Context
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies.base import Detail, Scored, attempt_from, dedupe

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from pydantic import Field
+
 from refinery.engine.context import Context
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Task

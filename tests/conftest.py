@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from refinery.engine.models import DEFAULT_MODEL
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")

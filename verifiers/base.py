@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
+
 from refinery.engine.types import Task
 
 

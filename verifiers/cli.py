@@ -16,6 +16,7 @@ import asyncio
 from pathlib import Path
 
 import typer
+
 from refinery.engine.console import fail
 from refinery.engine.errors import RefineryError
 from refinery.engine.types import Task

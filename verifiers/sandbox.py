@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
 from refinery.engine.errors import SandboxError
 
 log = logging.getLogger(__name__)

@@ -40,6 +40,14 @@ from typing import Any
 
 import httpx
 import openai
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
 from refinery.engine.errors import (
     BackendError,
     BackendUnavailableError,
@@ -49,13 +57,6 @@ from refinery.engine.errors import (
 )
 from refinery.engine.loops import LoopDetector, cut_at_onset
 from refinery.engine.types import Completion, Delta, Message, SamplingParams
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential_jitter,
-)
 
 log = logging.getLogger(__name__)
 

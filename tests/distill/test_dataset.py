@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from refinery.distill.dataset import (
     arith_solution,
     build,
@@ -17,7 +18,6 @@ from refinery.distill.schema import DistillError, read_rows
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.types import Message
 from refinery.eval.datasets import load_arith
-
 from tests.distill._runs import Problem, gen, step, write_run
 
 Q1 = "Ava has 3 apples. Ava buys 4 more apples. How many apples does Ava have now?"

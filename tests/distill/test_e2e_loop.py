@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from refinery.distill.loop import loop
 from refinery.distill.schema import read_rows
 from refinery.distill.train import read_train_record

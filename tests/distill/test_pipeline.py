@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from refinery.distill.dataset import build
 from refinery.distill.loop import loop, read_report
 from refinery.distill.schema import DistillError, read_rows
@@ -17,7 +18,6 @@ from refinery.engine.models import DEFAULT_MODEL
 from refinery.eval.datasets import load_arith
 from refinery.eval.runner import EvalConfig, run_eval
 from refinery.strategies.cot import INSTRUCTION
-
 from tests.scripted_backend import ScriptedBackend
 
 # `refinery.distill.loop` the attribute is the function (re-exported); the module is in sys.modules.

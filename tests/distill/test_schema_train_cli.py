@@ -6,6 +6,8 @@ import json
 
 import pytest
 from pydantic import ValidationError
+from typer.testing import CliRunner
+
 from refinery.distill.cli import distill_app
 from refinery.distill.schema import (
     DistillError,
@@ -16,8 +18,6 @@ from refinery.distill.schema import (
     write_rows,
 )
 from refinery.distill.train import expand_weights, train
-from typer.testing import CliRunner
-
 from tests.distill._runs import write_run
 from tests.distill.test_dataset import Q1, RIGHT_1, refine_problem
 

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 import uvicorn
-from refinery.serving import ServerConfig, create_app
 
+from refinery.serving import ServerConfig, create_app
 from tests.conftest import free_port
 
 

@@ -13,13 +13,13 @@ import asyncio
 import json
 
 import pytest
+
+from refinery import strategies
 from refinery.engine.context import Budget
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.run import solve_one
 from refinery.engine.trace import Trace
 from refinery.engine.types import SamplingParams, Task
-
-from refinery import strategies
 from tests.conftest import GSM8K
 
 pytestmark = pytest.mark.e2e

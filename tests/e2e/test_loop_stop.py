@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from refinery.engine.context import LOOP_NUDGE, Context
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.types import Message, SamplingParams
-
 from tests.conftest import GSM8K
 
 pytestmark = pytest.mark.e2e

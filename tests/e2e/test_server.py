@@ -7,6 +7,7 @@ import asyncio
 import httpx
 import openai
 import pytest
+
 from refinery.engine.types import Message
 from refinery.serving import ServerConfig
 

@@ -12,12 +12,12 @@ import asyncio
 import json
 
 import pytest
+
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.run import run
 from refinery.engine.trace import TraceWriter, read_traces
 from refinery.engine.types import SamplingParams, Task
 from refinery.strategies import build_with_graph
-
 from tests.conftest import GSM8K
 
 pytestmark = pytest.mark.e2e

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import typer
+
 from refinery.engine.backends.factory import BackendKind, BackendSpec, make_backend
 from refinery.engine.backends.openai import OpenAIBackend
 from refinery.engine.backends.vllm import VLLMBackend

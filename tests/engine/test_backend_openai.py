@@ -11,11 +11,11 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
+
 from refinery.engine.backends.openai import OpenAIBackend, UpstreamGuard
 from refinery.engine.errors import BackendUnavailableError, UnknownModelError
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.types import Message, SamplingParams
-
 from tests.conftest import free_port
 
 Q = [Message(role="user", content="What is 2+2? Answer briefly.")]

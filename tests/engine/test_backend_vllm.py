@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+
 from refinery.engine.backends.vllm import VLLMBackend, VLLMConfig, all_cpus
 from refinery.engine.errors import (
     EngineStartError,

@@ -13,6 +13,7 @@ import time
 import weakref
 
 import pytest
+
 from refinery.engine.backends.vllm import VLLMBackend
 from refinery.engine.errors import BackendUnavailableError
 from refinery.engine.types import Message, SamplingParams

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from refinery.engine.context import LOOP_NUDGE, Budget, Context
 from refinery.engine.errors import BackendError, BudgetExhausted
 from refinery.engine.types import Completion, Message, SamplingParams, Usage
-
 from tests.scripted_backend import ScriptedBackend
 
 Q = [Message(role="user", content="q")]

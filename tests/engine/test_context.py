@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
+
 from refinery.engine.context import LOOP_NUDGE, Budget, Context
 from refinery.engine.errors import BudgetExhausted
 from refinery.engine.loops import LoopAlarm
 from refinery.engine.types import Completion, Message, SamplingParams
-
 from tests.scripted_backend import ScriptedBackend
 
 Q = [Message(role="user", content="q")]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from pydantic import BaseModel, ConfigDict
+
 from refinery.engine.errors import BudgetError, SpecError
 from refinery.engine.graph import (
     build_strategy,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from refinery.engine.hardware import CpuInfo, choose_dtype, cpu_dtype
 
 # Flag lines as /proc/cpuinfo prints them (trimmed), one per kind of machine met.

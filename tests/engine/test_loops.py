@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from refinery.engine.loops import CusumLoopDetector, LoopAlarm
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 import pytest
+
 from refinery.engine.errors import RefineryError, StorageError
 from refinery.engine.trace import Trace, TraceWriter, read_traces, repair_tail
 from refinery.engine.types import Attempt, Usage
-
 from tests.conftest import repeat
 
 ROOT = Path(__file__).resolve().parents[2]

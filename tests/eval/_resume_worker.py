@@ -11,7 +11,6 @@ import sys
 from dataclasses import dataclass
 
 from refinery.eval.runner import EvalConfig, run_eval
-
 from tests.scripted_backend import ScriptedBackend
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from refinery.eval.cli import eval_app
 from typer.testing import CliRunner
 
+from refinery.eval.cli import eval_app
 from tests.eval.test_report import make_run
 
 runner = CliRunner()

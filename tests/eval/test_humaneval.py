@@ -6,6 +6,7 @@ import asyncio
 import shutil
 
 import pytest
+
 from refinery.eval.datasets import load_humaneval
 from refinery.eval.metrics import Scorer, mean_pass_at_k
 

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 import pytest
+
 from refinery.engine.errors import BackendUnavailableError, StorageError
 from refinery.engine.trace import Trace
 from refinery.eval.datasets import load_arith
 from refinery.eval.runner import CONFIG, RESULTS, TRACES, RunAborted, read_results, run_eval
-
 from tests.conftest import repeat
 from tests.eval._resume_worker import SlowBackend, backend, config
 

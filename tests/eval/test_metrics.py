@@ -7,6 +7,7 @@ import asyncio
 import math
 
 import pytest
+
 from refinery.eval.datasets import Example, load_gsm8k
 from refinery.eval.metrics import (
     Scorer,

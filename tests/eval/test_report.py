@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.eval.report import _label_lifts, _top, load_run, pareto_front, write_report
 from refinery.eval.runner import CONFIG, RESULTS, append_line

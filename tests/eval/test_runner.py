@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from refinery.engine.errors import BackendUnavailableError, SpecError
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.trace import read_traces
@@ -25,7 +26,6 @@ from refinery.eval.runner import (
     read_results,
     run_eval,
 )
-
 from tests.eval._resume_worker import SlowBackend, backend, config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,11 +7,11 @@ import signal
 
 import pytest
 import uvicorn
-from refinery.engine.backends.vllm import VLLMBackend
 from typer.testing import CliRunner
 
 from refinery import serving
 from refinery.cli import app
+from refinery.engine.backends.vllm import VLLMBackend
 
 
 @pytest.mark.parametrize(("flags", "eager", "dtype"), [

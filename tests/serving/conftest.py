@@ -19,10 +19,10 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI
+
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.types import Completion, Delta, Message, SamplingParams
 from refinery.serving import ServerConfig, create_app
-
 from tests.e2e.conftest import serve, start_server  # noqa: F401  (serve: the fixture)
 from tests.scripted_backend import ScriptedBackend
 

@@ -7,9 +7,9 @@ import asyncio
 
 import httpx
 import pytest
+
 from refinery.engine.errors import RequestTooLargeError
 from refinery.serving import ServerConfig
-
 from tests.serving.conftest import (
     ANSWER,
     CHAT,

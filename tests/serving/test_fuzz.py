@@ -31,14 +31,6 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
-from refinery.serving import ServerConfig, create_app
-from refinery.serving.protocol import (
-    ChatCompletionChunk,
-    ChatCompletionResponse,
-    CompletionChunk,
-    CompletionResponse,
-    ModelList,
-)
 from schemathesis import GenerationMode
 from schemathesis.core.failures import FailureGroup
 from schemathesis.specs.openapi.checks import (
@@ -47,6 +39,14 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from refinery.serving import ServerConfig, create_app
+from refinery.serving.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    CompletionChunk,
+    CompletionResponse,
+    ModelList,
+)
 from tests.conftest import repeat
 from tests.serving.conftest import assert_openai_error
 

@@ -18,8 +18,8 @@ import json
 import httpx
 import openai
 import pytest
-from refinery.serving import ServerConfig
 
+from refinery.serving import ServerConfig
 from tests.serving.conftest import CountingBackend, assert_openai_error
 
 pytestmark = pytest.mark.e2e

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from refinery.engine.errors import RefineryError, SpecError
 from refinery.serving.protocol import ChatCompletionRequest, CompletionRequest, ErrorResponse
 from refinery.strategies import build_with_graph

@@ -7,9 +7,9 @@ import asyncio
 
 import httpx
 import pytest
+
 from refinery.engine.errors import BackendError
 from refinery.serving import ServerConfig
-
 from tests.scripted_backend import ScriptedBackend
 from tests.serving.conftest import (
     ANSWER,

@@ -6,7 +6,6 @@ import asyncio
 
 from refinery.engine.context import Budget, Context
 from refinery.engine.types import Task
-
 from tests.scripted_backend import ScriptedBackend
 
 QUESTION = "Tom has 3 apples and buys 4 more. Then the pile doubles. How many apples now?"

@@ -22,12 +22,12 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from refinery import strategies
 from refinery.engine.context import Budget
 from refinery.engine.run import solve_one
 from refinery.engine.trace import Trace
 from refinery.engine.types import Message, SamplingParams
-
-from refinery import strategies
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import task
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import networkx as nx
 import pytest
+
+from refinery import strategies
 from refinery.engine.context import Budget
 from refinery.engine.errors import BudgetExhausted, SpecError
 from refinery.engine.run import run, solve_one
 from refinery.engine.types import Attempt
 from refinery.strategies import DEI, SSR, CoT, CritiqueRefine, SelfConsistency
 from refinery.strategies.base import PartialAttempts, gather_attempts
-
-from refinery import strategies
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ProbeBackend, ctx, task
 

@@ -6,7 +6,6 @@ from refinery.engine.context import Context
 from refinery.engine.types import Completion
 from refinery.strategies import BestOfN, CoT, CritiqueRefine, SelfConsistency
 from refinery.verifiers.base import Verdict
-
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ctx, prompts, task
 

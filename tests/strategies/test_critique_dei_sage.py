@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from refinery.strategies import DEI, SAGE, CoT, CritiqueRefine
-
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ctx, prompts, task
 
@@ -125,7 +124,6 @@ async def test_sage_plans_and_the_last_rollout_streams():
 
 async def test_members_and_tasks_run_concurrently():
     from refinery.engine.run import run
-
     from tests.strategies._util import ProbeBackend
 
     backend = ProbeBackend([(r"review committee", "Score: 7"), (r".*", member_reply)])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from refinery.strategies import SSR, CoT, SSRAda, SSRPlan
-
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ProbeBackend, ctx, prompts, task
 

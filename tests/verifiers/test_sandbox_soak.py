@@ -27,9 +27,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from refinery.verifiers.code import build_program
 from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig
-
 from tests.conftest import repeat
 from tests.verifiers.test_verifiers_hostile import (
     CHECK,

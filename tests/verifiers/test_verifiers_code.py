@@ -7,6 +7,7 @@ import os
 import shutil
 
 import pytest
+
 import refinery.verifiers.sandbox as sandbox_mod
 from refinery.engine.errors import InvalidRequestError, SandboxError
 from refinery.engine.types import Task

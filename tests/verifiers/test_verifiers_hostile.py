@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
+
 from refinery.verifiers.code import build_program
 from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig, _pids_of_uid
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+
 from refinery.engine.errors import BackendError, InvalidRequestError
 from refinery.engine.types import Completion, Message, SamplingParams, Task
 from refinery.verifiers.judge import JudgeVerifier, parse_score

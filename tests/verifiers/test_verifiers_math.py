@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+
 from refinery.engine.errors import InvalidRequestError
 from refinery.engine.types import Task
 from refinery.verifiers.math import (
