@@ -84,6 +84,33 @@ class LoopDetector(Protocol):
     def new(self) -> Monitor: ...
 
 
+class WatchedText:
+    """One streamed sample's text under a fresh monitor of ``detector`` (if any).
+
+    Both backends feed it each piece as it arrives: ``add`` returns the part of
+    the piece to pass on and whether the monitor stopped the sample, in which
+    case ``text`` ends at the loop's onset.
+
+    Example:
+        >>> watch = WatchedText(CusumLoopDetector())
+        >>> kept, looped = watch.add(piece)
+    """
+
+    def __init__(self, detector: LoopDetector | None):
+        self.monitor = detector.new() if detector is not None else None
+        self.text = ""
+        self.onset: int | None = None
+
+    def add(self, piece: str) -> tuple[str, bool]:
+        alarm = self.monitor.feed(piece) if (self.monitor is not None and piece) else None
+        if alarm is None:
+            self.text += piece
+            return piece, False
+        self.onset, kept = cut_at_onset(self.text, piece, alarm)
+        self.text = (self.text + piece)[:self.onset]
+        return kept, True
+
+
 # A unit is a group of at most 3 digits, a run of at most 24 letters, or any other
 # non-space char. Digit groups make a number weigh about what it costs in tokens
 # ("$42,000" is 4 units; SmolLM2 spends 7 tokens on it, a 3-digit tokenizer 4), so

@@ -214,13 +214,7 @@ def plot_pareto(runs: Sequence[RunReport], path: str | Path, title: str = "") ->
     ax.set_xlabel("tokens per problem (prompt + completion, all calls)")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(-2, _top([100 * r.accuracy.high for r in runs]))
-    ax.set_title(title or "accuracy vs. cost")
-    ax.grid(alpha=0.3)
-    ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return str(path)
+    return _save(plt, fig, ax, title or "accuracy vs. cost", path)
 
 
 def plot_levels(runs: Sequence[RunReport], path: str | Path, title: str = "") -> str:
@@ -235,7 +229,12 @@ def plot_levels(runs: Sequence[RunReport], path: str | Path, title: str = "") ->
     ax.set_xlabel("difficulty level")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(-2, _top([100 * v.value for r in runs for v in r.levels.values()]))
-    ax.set_title(title or "accuracy by difficulty")
+    return _save(plt, fig, ax, title or "accuracy by difficulty", path)
+
+
+def _save(plt, fig, ax, title: str, path: str | Path) -> str:
+    """Title, grid and legend as every plot here has them; write ``path``, free the figure."""
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize=8)
     fig.tight_layout()

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted, RefineryError, SpecError
@@ -51,6 +51,14 @@ class StrategyParams(BaseModel):
     """Base of every strategy's Params: strict types, unknown names refused."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class SampledParams(StrategyParams):
+    """Params of a strategy that draws ``n`` samples of its inner one (sc, best_of_n)."""
+
+    n: int = Field(8, ge=1, le=64, description="samples")
+    temperature: float = Field(0.7, ge=0.0, le=2.0,
+                               description="sampling temperature (cot inner only)")
 
 
 S = TypeVar("S", bound="Strategy")

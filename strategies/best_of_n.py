@@ -17,8 +17,8 @@ from refinery.strategies.base import (
     Detail,
     LoopStrategy,
     PartialScores,
+    SampledParams,
     Scored,
-    StrategyParams,
     gather_attempts,
 )
 from refinery.strategies.cot import CoT
@@ -67,10 +67,7 @@ class BestOfN(LoopStrategy):
     min_inner = max_inner = 1
     default_inner = (CoT,)
 
-    class Params(StrategyParams):
-        n: int = Field(8, ge=1, le=64, description="samples")
-        temperature: float = Field(0.7, ge=0.0, le=2.0,
-                                   description="sampling temperature (cot inner only)")
+    class Params(SampledParams):
         scorer: Literal["auto", "verifier", "judge"] = Field(
             "auto", description="auto: the verifier when the task has one, else the judge")
 

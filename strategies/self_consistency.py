@@ -5,12 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from pydantic import Field
-
 from refinery.engine.context import Context
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Task
-from refinery.strategies.base import Detail, LoopStrategy, Scored, StrategyParams, gather_attempts
+from refinery.strategies.base import Detail, LoopStrategy, SampledParams, Scored, gather_attempts
 from refinery.strategies.cot import CoT
 from refinery.verifiers.math import normalize_answer
 
@@ -51,10 +49,8 @@ class SelfConsistency(LoopStrategy):
     min_inner = max_inner = 1
     default_inner = (CoT,)
 
-    class Params(StrategyParams):
-        n: int = Field(8, ge=1, le=64, description="samples")
-        temperature: float = Field(0.7, ge=0.0, le=2.0,
-                                   description="sampling temperature (cot inner only)")
+    class Params(SampledParams):
+        """``n`` samples of the inner strategy, at ``temperature`` when it is cot."""
 
     @staticmethod
     def worst_case(params: Params, children: Sequence[ChildCost]) -> int:

@@ -55,7 +55,7 @@ from refinery.engine.errors import (
     PromptTooLongError,
     UnknownModelError,
 )
-from refinery.engine.loops import LoopDetector, cut_at_onset
+from refinery.engine.loops import LoopDetector, WatchedText
 from refinery.engine.types import Completion, Delta, Message, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -446,8 +446,8 @@ class OpenAIBackend:
         # Retries cover opening the stream; a failure mid-stream is raised, since
         # replaying would duplicate text the caller has already seen.
         stream = await self._call(lambda c: c.chat.completions.create(**kw))
-        mon = monitor.new() if monitor is not None else None
-        text, finish, onset, usage, n_chunks = "", None, None, None, 0
+        watch = WatchedText(monitor)
+        finish, usage, n_chunks = None, None, 0
         try:
             async for chunk in stream:
                 if chunk.usage:
@@ -457,16 +457,12 @@ class OpenAIBackend:
                 ch = chunk.choices[0]
                 piece = ch.delta.content or ""
                 n_chunks += bool(piece)
-                alarm = mon.feed(piece) if (mon is not None and piece) else None
-                if alarm is not None:
-                    onset, kept = cut_at_onset(text, piece, alarm)
-                    if kept:
-                        yield Delta(text=kept)
-                    text, finish = (text + piece)[:onset], "loop"
+                kept, looped = watch.add(piece)
+                if kept:
+                    yield Delta(text=kept)
+                if looped:
+                    finish = "loop"
                     break
-                text += piece
-                if piece:
-                    yield Delta(text=piece)
                 if ch.finish_reason:
                     finish = ch.finish_reason
         except (openai.APIError, httpx.HTTPError) as exc:
@@ -480,9 +476,9 @@ class OpenAIBackend:
             # to abort the request (early stop, loop alarm, or our cancellation).
             await stream.close()
         comp = Completion(
-            text=text, prompt_tokens=usage.prompt_tokens if usage else 0,
+            text=watch.text, prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=usage.completion_tokens if usage else n_chunks,
-            finish_reason=_finish(finish), loop_onset=onset)
+            finish_reason=_finish(finish), loop_onset=watch.onset)
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
     async def aclose(self) -> None:

@@ -42,7 +42,7 @@ from refinery.engine.errors import (
     PromptTooLongError,
 )
 from refinery.engine.hardware import DtypeChoice, choose_dtype
-from refinery.engine.loops import LoopDetector, cut_at_onset
+from refinery.engine.loops import LoopDetector, WatchedText
 from refinery.engine.models import DEFAULT_MODEL, resolve_model
 from refinery.engine.types import Completion, Delta, Message, SamplingParams
 
@@ -237,31 +237,24 @@ class VLLMBackend:
         from vllm.sampling_params import RequestOutputKind
 
         sp = self._sampling(params, 1, len(ids), RequestOutputKind.DELTA)
-        mon = detector.new() if detector is not None else None
-        text, n_tokens, logprob = "", 0, 0.0
-        finish, onset = None, None
+        watch = WatchedText(detector)
+        n_tokens, logprob, finish = 0, 0.0, None
         async with contextlib.aclosing(self._run(ids, sp)) as outs:
             async for out in outs:
                 o = out.outputs[0]
                 n_tokens += len(o.token_ids)
                 if o.cumulative_logprob is not None:
                     logprob = o.cumulative_logprob
-                piece = o.text
-                alarm = mon.feed(piece) if (mon is not None and piece) else None
-                if alarm is not None:
-                    # Closing the generator aborts the vLLM request (see _run).
-                    onset, kept = cut_at_onset(text, piece, alarm)
-                    if kept:
-                        yield Delta(text=kept)
-                    text, finish = (text + piece)[:onset], "loop"
+                kept, looped = watch.add(o.text)
+                if kept:
+                    yield Delta(text=kept)
+                if looped:  # closing the generator aborts the vLLM request (see _run)
+                    finish = "loop"
                     break
-                text += piece
-                if piece:
-                    yield Delta(text=piece)
                 if o.finish_reason is not None:
                     finish = o.finish_reason
-        comp = self._completion(text, len(ids), n_tokens, finish or "abort",
-                                logprob if params.logprobs else None, onset)
+        comp = self._completion(watch.text, len(ids), n_tokens, finish or "abort",
+                                logprob if params.logprobs else None, watch.onset)
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
     async def _run(self, ids: list[int], sp: Any) -> AsyncIterator[Any]:
