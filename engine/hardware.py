@@ -23,9 +23,10 @@ from __future__ import annotations
 import platform
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-CpuDtype = Literal["bfloat16", "float32"]
+from refinery.engine.errors import InvalidRequestError
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")  # what --dtype and VLLMConfig take
 X86_BF16 = ("avx512_bf16", "amx_bf16")
 ARM_BF16 = ("bf16",)
 
@@ -85,7 +86,13 @@ def choose_dtype(requested: str, is_cpu: bool, cpu: CpuInfo | None = None) -> Dt
         requested: ``auto`` or an explicit dtype (``--dtype``, ``VLLMConfig.dtype``).
         is_cpu: whether vLLM runs on the CPU platform.
         cpu: the CPU to decide for (default: read this machine's).
+
+    Raises:
+        InvalidRequestError: ``requested`` is none of :data:`DTYPES`.
     """
+    if requested not in DTYPES:
+        raise InvalidRequestError(f"unknown dtype {requested!r}; use one of "
+                                  f"{', '.join(DTYPES)}", param="dtype")
     if requested != "auto":
         return DtypeChoice(requested, "asked for explicitly")
     if not is_cpu:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from refinery.engine.errors import InvalidRequestError
 from refinery.engine.hardware import CpuInfo, choose_dtype, cpu_dtype
 
 # Flag lines as /proc/cpuinfo prints them (trimmed), one per kind of machine met.
@@ -43,6 +44,11 @@ def test_reason_names_the_flags_that_decided() -> None:
         "no native bf16 on this CPU (x86_64 without avx512_bf16 or amx_bf16)"
     assert cpu_dtype(cpu(GRAVITON2, "aarch64")).reason == \
         "no native bf16 on this CPU (aarch64 without bf16)"
+
+
+def test_an_unknown_dtype_is_refused_before_the_engine_starts() -> None:
+    with pytest.raises(InvalidRequestError, match="unknown dtype 'fp8'; use one of auto"):
+        choose_dtype("fp8", is_cpu=True, cpu=cpu(EPYC_AVX2))
 
 
 def test_an_explicit_dtype_and_an_accelerator_are_left_alone() -> None:
