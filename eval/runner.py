@@ -327,9 +327,9 @@ def build_strategy(spec: str) -> tuple[Any, nx.DiGraph]:
     Raises:
         SpecError, BudgetError: a bad spec.
     """
-    from refinery import strategies
+    from refinery.strategies import build_with_graph
 
-    return strategies.build_with_graph(spec)
+    return build_with_graph(spec)
 
 
 def backend_spec(config: EvalConfig) -> BackendSpec:
