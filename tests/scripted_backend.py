@@ -18,6 +18,11 @@ until cancelled). ``log`` records ("start" | "done" | "cancel", call index) in
 order, so a test can prove which calls a deadline cancelled and that none
 started after it.
 
+Constraints: ``structured_outputs`` lists the kinds the double accepts (all by
+default); a call with another kind raises ``UnsupportedConstraintError`` as a real
+backend does. The double does not enforce constraints: rules see ``params`` and
+reply accordingly. ``logprobs=True`` gets one TokenLogprob per word.
+
 Health: ``dead=True`` (or ``die()``) makes it a dead engine for the server's
 /health and on-engine-death policy; ``in_flight`` counts the slow calls that
 started and have not finished.
@@ -30,7 +35,8 @@ import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
-from refinery.engine.types import Completion, Delta, Message, SamplingParams
+from refinery.engine.constraints import ALL_KINDS, require_support
+from refinery.engine.types import Completion, Delta, Message, SamplingParams, TokenLogprob
 
 Reply = str | list[str] | Callable[[Sequence[Message], SamplingParams, int], str]
 
@@ -54,6 +60,7 @@ class ScriptedBackend:
     log: list[tuple[str, int]] = field(default_factory=list)
     dead: bool = False
     closed: bool = False
+    structured_outputs: frozenset[str] = ALL_KINDS
 
     # -- health (what the server reads) --------------------------------------------------
 
@@ -115,6 +122,7 @@ class ScriptedBackend:
         return sum(len(m.content.split()) + 4 for m in messages)
 
     def _completion(self, messages, params, i) -> Completion:
+        require_support(params.constraint, self.structured_outputs, "scripted")
         text = self._reply(messages, params, i)
         words = text.split()
         finish = "stop"
@@ -122,7 +130,8 @@ class ScriptedBackend:
             text, finish = " ".join(words[: params.max_tokens]), "length"
         return Completion(text=text, prompt_tokens=self.count_tokens(messages),
                           completion_tokens=min(len(words), params.max_tokens) or 1,
-                          finish_reason=finish, logprob=-float(i) if params.logprobs else None)
+                          finish_reason=finish, logprob=-float(i) if params.logprobs else None,
+                          token_logprobs=_word_logprobs(text, i) if params.logprobs else None)
 
     async def generate(self, messages, params, *, n=None, monitor=None) -> list[Completion]:
         n = params.n if n is None else n
@@ -152,3 +161,11 @@ class ScriptedBackend:
 
     async def aclose(self) -> None:
         self.closed = True
+
+
+def _word_logprobs(text: str, i: int) -> list[TokenLogprob]:
+    """One token per word; the log-probabilities sum to ``-i`` as ``Completion.logprob``."""
+    pieces = re.findall(r"\s*\S+", text) or [text]
+    share = -float(i) / len(pieces)
+    return [TokenLogprob(token=p, logprob=share, bytes=list(p.encode()))
+            for p in pieces]

@@ -29,6 +29,9 @@ class Backend(Protocol):
 
     model: str
     max_model_len: int
+    # Constraint kinds (engine/constraints.py) this backend enforces; a call with any
+    # other kind raises UnsupportedConstraintError instead of answering in free text.
+    structured_outputs: frozenset[str]
 
     @property
     def healthy(self) -> bool:

@@ -1,0 +1,177 @@
+"""Constrained generation: the one way to ask a backend for structured output.
+
+A ``Constraint`` says what shape a sample must have: a JSON schema (or any
+JSON object), a regular expression, one of a few strings, or a grammar
+(EBNF/Lark, as vLLM's structured outputs take it). It rides on
+``SamplingParams.constraint``; each backend maps it to its engine
+(``VLLMBackend`` to vLLM's structured outputs, ``OpenAIBackend`` to
+``response_format`` or a vLLM server's structured-output fields). A backend
+that cannot honour a kind raises ``UnsupportedConstraintError`` naming the
+kind and the backend: a constrained request never gets a silent free-text
+answer.
+
+The constructors validate up front (a schema that is not a schema, a regex
+that does not compile), so bad input is a 400 before any engine call.
+
+Example:
+    >>> from pydantic import BaseModel
+    >>> class Grade(BaseModel):
+    ...     score: int
+    >>> c = Constraint.from_schema(Grade)
+    >>> c.kind, c.accepts('{"score": 3}'), c.accepts('three')
+    ('json', True, False)
+    >>> Constraint.one_of(["yes", "no"]).accepts("no")
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from refinery.engine.errors import InvalidRequestError
+
+ConstraintKind = Literal["json", "json_object", "regex", "choice", "grammar"]
+ALL_KINDS: frozenset[str] = frozenset(("json", "json_object", "regex", "choice", "grammar"))
+
+
+class UnsupportedConstraintError(InvalidRequestError):
+    """The backend cannot enforce this kind of constraint (400, code ``unsupported_constraint``)."""
+
+    def __init__(self, kind: str, backend: str, supported: frozenset[str] | set[str]):
+        allowed = ", ".join(sorted(supported)) or "none"
+        super().__init__(f"the {backend} backend cannot enforce a {kind!r} constraint "
+                         f"(it supports: {allowed})", code="unsupported_constraint")
+        self.kind = kind
+
+
+class Constraint(BaseModel):
+    """What shape every sample of a call must have; exactly one field is set.
+
+    Build it with ``Constraint.from_schema``, ``.any_json()``, ``.from_regex``,
+    ``.one_of`` or ``.from_grammar``, which validate their argument.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    json_schema: dict[str, Any] | None = None
+    json_object: bool = False
+    regex: str | None = Field(None, description="a regular expression the whole sample matches")
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = Field(None, description="an EBNF/Lark grammar, vLLM's syntax")
+    # The name a response_format json_schema carried (OpenAI requires one upstream).
+    name: str = "output"
+    # JSON without optional whitespace (vLLM's disable_any_whitespace): strategies'
+    # internal steps ask for it, since a small model otherwise pads with newlines.
+    compact: bool = False
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Constraint:
+        given = [self.json_schema is not None, self.json_object, self.regex is not None,
+                 self.choice is not None, self.grammar is not None]
+        if sum(given) != 1:
+            raise ValueError("a constraint sets exactly one of json_schema, json_object, "
+                             "regex, choice, grammar")
+        return self
+
+    # -- constructors -------------------------------------------------------------------
+
+    @classmethod
+    def from_schema(cls, schema: dict[str, Any] | type[BaseModel], *, name: str | None = None,
+                    compact: bool = False) -> Constraint:
+        """Samples are JSON valid under ``schema`` (a JSON Schema dict or a pydantic model)."""
+        if isinstance(schema, type) and issubclass(schema, BaseModel):
+            name = name or schema.__name__
+            schema = schema.model_json_schema()
+        if not isinstance(schema, dict):
+            raise InvalidRequestError("a JSON schema must be an object", param="json_schema")
+        check_schema(schema)
+        return cls(json_schema=schema, name=name or "output", compact=compact)
+
+    @classmethod
+    def any_json(cls) -> Constraint:
+        """Samples are one JSON object, any keys (OpenAI's ``json_object`` mode)."""
+        return cls(json_object=True)
+
+    @classmethod
+    def from_regex(cls, pattern: str) -> Constraint:
+        """Samples match ``pattern`` in full."""
+        try:
+            re.compile(pattern)
+        except (re.error, TypeError) as exc:
+            raise InvalidRequestError(f"invalid regex {pattern!r}: {exc}",
+                                      param="regex") from None
+        return cls(regex=pattern)
+
+    @classmethod
+    def one_of(cls, options: list[str] | tuple[str, ...]) -> Constraint:
+        """Samples are exactly one of ``options``."""
+        opts = tuple(options)
+        if not opts or not all(isinstance(o, str) and o for o in opts):
+            raise InvalidRequestError("a choice constraint needs one or more non-empty "
+                                      "strings", param="choice")
+        return cls(choice=opts)
+
+    @classmethod
+    def from_grammar(cls, text: str) -> Constraint:
+        """Samples are sentences of ``text``, an EBNF/Lark grammar (vLLM's syntax)."""
+        if not isinstance(text, str) or not text.strip():
+            raise InvalidRequestError("a grammar must be a non-empty string", param="grammar")
+        return cls(grammar=text)
+
+    # -- reading ------------------------------------------------------------------------
+
+    @property
+    def kind(self) -> ConstraintKind:
+        if self.json_schema is not None:
+            return "json"
+        if self.json_object:
+            return "json_object"
+        if self.regex is not None:
+            return "regex"
+        if self.choice is not None:
+            return "choice"
+        return "grammar"
+
+    def accepts(self, text: str) -> bool:
+        """Whether ``text`` satisfies the constraint (grammars: not checked, True).
+
+        Used to count parse rates and by tests; backends enforce, this only reads.
+        """
+        if self.regex is not None:
+            return re.fullmatch(self.regex, text, re.S) is not None
+        if self.choice is not None:
+            return text in self.choice
+        if self.grammar is not None:
+            return True
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return False
+        if self.json_object:
+            return isinstance(value, dict)
+        import jsonschema
+
+        return jsonschema.Draft202012Validator(self.json_schema).is_valid(value)
+
+
+def require_support(constraint: Constraint | None, supported: frozenset[str],
+                    backend: str) -> None:
+    """Raise ``UnsupportedConstraintError`` unless ``constraint`` is None or supported."""
+    if constraint is not None and constraint.kind not in supported:
+        raise UnsupportedConstraintError(constraint.kind, backend, supported)
+
+
+def check_schema(schema: dict[str, Any]) -> None:
+    """Raise ``InvalidRequestError`` unless ``schema`` is a valid JSON Schema."""
+    import jsonschema
+
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.path) or "the top level"
+        raise InvalidRequestError(f"invalid JSON schema at {where}: {exc.message}",
+                                  param="json_schema") from None
