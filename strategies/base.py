@@ -58,8 +58,9 @@ class StructuredParams(StrategyParams):
     """Params of a strategy with parsed steps (their output is read, not just shown)."""
 
     structured: bool | None = Field(
-        None, description="constrain parsed steps' output (None: when the backend "
-                          "supports it; False: free text, as before issue #19)")
+        None, description="constrain the output of parsed steps: None = when the backend "
+                          "enforces the kinds needed, True = always (an error without "
+                          "support), False = free text")
 
 
 class SampledParams(StrategyParams):
