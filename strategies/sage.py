@@ -72,7 +72,7 @@ def has_headings(text: str) -> bool:
 
 @lru_cache(maxsize=16)
 def plan_schema(plan_tokens: int) -> Constraint:
-    """Compact JSON with one non-empty string per heading and 1..6 key steps.
+    """JSON with one non-empty string per heading and 1..6 key steps.
 
     The strings are capped so the whole plan stays near ``plan_tokens`` tokens (at
     about four characters a token): it ends inside its token cap, not cut mid-JSON.
@@ -85,7 +85,7 @@ def plan_schema(plan_tokens: int) -> Constraint:
                           "maxItems": MAX_KEY_STEPS}
     schema = {"type": "object", "additionalProperties": False,
               "required": [key for key, _ in HEADINGS], "properties": props}
-    return Constraint.from_schema(schema, name="plan", compact=True)
+    return Constraint.from_schema(schema, name="plan")
 
 
 def render_plan(text: str) -> str | None:
@@ -125,7 +125,7 @@ class SAGE(LoopStrategy):
     text streams to the client.
 
     ``structured`` (ours, issue #19; default: when the backend enforces JSON
-    schemas) asks for the plan as compact JSON, one key per heading
+    schemas) asks for the plan as JSON, one key per heading
     (:func:`plan_schema`, strings capped to stay near ``plan_tokens``), and
     renders it back to the same headed text before the leak filter; a reply
     that is not such JSON is used as free text. ``structured=False`` is the

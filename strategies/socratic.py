@@ -12,7 +12,7 @@ when the decomposition is empty or every step is fully confident.
 Structured mode (``structured``, issue #19) keeps every prompt and call and adds
 a constraint to each parsed step, so a small model cannot miss the format:
 
-* decomposition: compact JSON under :func:`decomposition_schema` (the prompt's
+* decomposition: JSON under :func:`decomposition_schema` (the prompt's
   ``{"sub-questions": [{"description", "answer"}]}``, 1 to ``max_steps`` items,
   bounded strings);
 * re-solves: the regex :data:`RESOLVE_FORM`, brief reasoning without ``<`` (at
@@ -158,7 +158,7 @@ class Assessment(Detail):
 
 @lru_cache(maxsize=64)
 def decomposition_schema(max_steps: int) -> Constraint:
-    """Compact JSON of the shape DECOMPOSE shows: 1 to ``max_steps`` sub-questions, each
+    """JSON of the shape DECOMPOSE shows: 1 to ``max_steps`` sub-questions, each
     a non-empty description and answer of bounded length, nothing else."""
     step = {"type": "object", "additionalProperties": False,
             "required": ["description", "answer"],
@@ -169,7 +169,7 @@ def decomposition_schema(max_steps: int) -> Constraint:
     schema = {"type": "object", "additionalProperties": False, "required": ["sub-questions"],
               "properties": {"sub-questions": {"type": "array", "items": step,
                                                "minItems": 1, "maxItems": max_steps}}}
-    return Constraint.from_schema(schema, name="decomposition", compact=True)
+    return Constraint.from_schema(schema, name="decomposition")
 
 
 @lru_cache(maxsize=64)

@@ -124,7 +124,7 @@ async def test_structured_sage_plan_is_json_rendered_to_headings():
     attempt = await SAGE(CoT(), plan_tokens=200).solve(task(), c)
     [plan_call] = prompts(backend, "Do not solve the problem")
     form = plan_call.params.constraint
-    assert form.kind == "json" and form.compact and form.name == "plan"
+    assert form.kind == "json" and form.name == "plan"
     assert list(form.json_schema["properties"]) == ["goal", "known", "key_steps",
                                                     "dependencies", "pitfalls", "lessons"]
     assert form.json_schema["properties"]["goal"]["maxLength"] == 100  # 4 x 200 / 8

@@ -60,7 +60,7 @@ async def test_structured_ssr_constrains_decomposition_and_resolves():
     # the draft (the answer) is not a parsed step: no constraint
     assert backend.calls[0].params.constraint is None
     [dec, dec2] = constraints(backend, DECOMPOSE)
-    assert dec is dec2 and dec.kind == "json" and dec.compact and dec.name == "decomposition"
+    assert dec is dec2 and dec.kind == "json" and dec.name == "decomposition"
     items = dec.json_schema["properties"]["sub-questions"]
     assert dec.json_schema["required"] == ["sub-questions"]
     assert (items["minItems"], items["maxItems"]) == (1, 3)  # maxItems = max_steps
