@@ -172,3 +172,45 @@ def check_schema(schema: dict[str, Any]) -> None:
         where = "/".join(str(p) for p in exc.path) or "the top level"
         raise InvalidRequestError(f"invalid JSON schema at {where}: {exc.message}",
                                   param="json_schema") from None
+
+
+class StructuredModeError(UnsupportedConstraintError):
+    """``structured=True`` asked of a strategy (or verifier) whose backend cannot enforce
+    the constraint kinds its parsed steps need (400, code ``unsupported_constraint``)."""
+
+    def __init__(self, who: str, missing: list[str], backend: str,
+                 supported: frozenset[str] | set[str]):
+        allowed = ", ".join(sorted(supported)) or "none"
+        kinds = " and ".join(repr(k) for k in missing)
+        InvalidRequestError.__init__(
+            self, f"{who}(structured=True) needs {kinds} constraints, which the {backend} "
+            f"backend cannot enforce (it supports: {allowed}); use {who}(structured=False) "
+            "for the free-text path", param="structured", code="unsupported_constraint")
+        self.kind = missing[0]
+        self.missing = tuple(missing)
+        self.who = who
+
+
+def structured_mode(who: str, wanted: bool | None, kinds: frozenset[str],
+                    backend: object) -> bool:
+    """Whether ``who``'s parsed steps ask the backend for constrained output.
+
+    The one place this is decided, for every strategy and the judge verifier.
+    ``wanted`` is their ``structured`` parameter: ``False`` keeps the free-text
+    path; ``None`` (the default) constrains when the backend enforces every kind
+    in ``kinds``, else keeps free text; ``True`` constrains, and a backend that
+    cannot is an error naming what is missing, never a silent fallback. A
+    backend without ``structured_outputs`` supports no kind.
+
+    Raises:
+        StructuredModeError: ``wanted`` is True and a kind in ``kinds`` is unsupported.
+    """
+    if wanted is False or not kinds:
+        return False
+    supported = frozenset(getattr(backend, "structured_outputs", None) or ())
+    missing = sorted(kinds - supported)
+    if not missing:
+        return True
+    if wanted is None:
+        return False
+    raise StructuredModeError(who, missing, type(backend).__name__, supported)

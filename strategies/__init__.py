@@ -6,7 +6,13 @@ Example:
     >>> attempt = await s.solve(task, ctx)
 """
 
-from refinery.strategies.base import LoopStrategy, Scored, Strategy, StrategyParams
+from refinery.strategies.base import (
+    LoopStrategy,
+    Scored,
+    Strategy,
+    StrategyParams,
+    StructuredParams,
+)
 from refinery.strategies.best_of_n import BestOfN
 from refinery.strategies.cot import CoT
 from refinery.strategies.critique_refine import CritiqueRefine
@@ -34,6 +40,7 @@ __all__ = [
     "SelfConsistency",
     "Strategy",
     "StrategyParams",
+    "StructuredParams",
     "build",
     "build_with_graph",
     "describe",

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from refinery.engine.constraints import Constraint, structured_mode
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted, RefineryError, SpecError
 from refinery.engine.graph import (
@@ -37,7 +38,7 @@ from refinery.engine.graph import (
     non_default,
     validate_params,
 )
-from refinery.engine.types import Attempt, Completion, Message, Task
+from refinery.engine.types import Attempt, Completion, Message, SamplingParams, Task
 from refinery.verifiers.math import extract_answer
 
 Keep = Literal["best", "last"]
@@ -51,6 +52,15 @@ class StrategyParams(BaseModel):
     """Base of every strategy's Params: strict types, unknown names refused."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class StructuredParams(StrategyParams):
+    """Params of a strategy with parsed steps (their output is read, not just shown)."""
+
+    structured: bool | None = Field(
+        None, description="constrain the output of parsed steps: None = when the backend "
+                          "enforces the kinds needed, True = always (an error without "
+                          "support), False = free text")
 
 
 class SampledParams(StrategyParams):
@@ -84,6 +94,8 @@ class Strategy:
     # Built with their own defaults when no inner strategy is given; the graph
     # grafts them by name, so each must be a registered strategy class.
     default_inner: ClassVar[tuple[type[Strategy], ...]] = ()
+    # Constraint kinds the parsed steps ask for in structured mode (see ``structured``).
+    structured_kinds: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, *inner: Strategy, **params: Any) -> None:
         if not inner:
@@ -108,6 +120,16 @@ class Strategy:
     def worst_case(params: Any, children: Sequence[ChildCost]) -> int:
         """Most model requests one ``solve`` can make, given the children's worst cases."""
         return 1
+
+    def structured(self, ctx: Context) -> bool:
+        """Whether this solve's parsed steps ask for constrained output, per the
+        ``structured`` parameter and what ``ctx.backend`` enforces.
+
+        Raises:
+            StructuredModeError: ``structured=True`` on a backend lacking a needed kind.
+        """
+        wanted = getattr(self.params, "structured", False)
+        return structured_mode(self.name, wanted, self.structured_kinds, ctx.backend)
 
     async def solve(self, task: Task, ctx: Context) -> Attempt:
         raise NotImplementedError
@@ -199,6 +221,7 @@ class LoopStrategy(Strategy):
         return ranked[-1][1]
 
     async def solve(self, task: Task, ctx: Context) -> Attempt:
+        self.structured(ctx)  # structured=True on a backend without support: fail first
         pool: list[Scored] = []
         last: list[Scored] = []
         stopped, exhausted, rnd = "rounds", None, 0
@@ -285,6 +308,26 @@ def with_question(messages: Sequence[Message], suffix: str) -> list[Message]:
 def with_note(task: Task, note: str) -> Task:
     """The task with extra context (a plan, a hint) added to its question."""
     return task.model_copy(update={"messages": with_question(task.messages, note)})
+
+
+def step_params(ctx: Context, constraint: Constraint | None, **changes: Any) -> SamplingParams:
+    """The params of a parsed step: the task's, with the step's own constraint (None on
+    the free-text path, so a constraint meant for the answer never shapes a step)."""
+    return ctx.params.but(constraint=constraint, **changes)
+
+
+def record_parse(ctx: Context, event_id: str, step: str, parsed: Sequence[bool], *,
+                 structured: bool) -> None:
+    """Note on a generation's trace event whether each of its samples parsed.
+
+    ``data["parse"] = {"step", "parsed": [bool per sample], "structured"}``: what
+    ``scripts/parse_rates.py`` counts, per strategy and step, from a run's traces.
+    """
+    for event in reversed(ctx.trace.events):
+        if event.id == event_id:
+            event.data["parse"] = {"step": step, "parsed": [bool(p) for p in parsed],
+                                   "structured": structured}
+            return
 
 
 def dedupe(ids: Iterable[str]) -> list[str]:

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from refinery.engine.constraints import Constraint
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted, RefineryError
 from refinery.engine.graph import ChildCost
@@ -19,10 +20,13 @@ from refinery.strategies.base import (
     PartialScores,
     SampledParams,
     Scored,
+    StructuredParams,
     gather_attempts,
+    record_parse,
+    step_params,
 )
 from refinery.strategies.cot import CoT
-from refinery.verifiers.judge import parse_score
+from refinery.verifiers.judge import parse_score, score_form
 
 JUDGE = """You are grading a solution to a problem.
 
@@ -37,6 +41,8 @@ solution from 1 (wrong) to 10 (certainly correct and complete). Finish with a li
 "Score: N"."""
 
 NEUTRAL = 5.5  # an unreadable grade sits in the middle of 1..10 (our choice)
+# Structured mode: one paragraph checking the solution, then the grade line.
+JUDGE_FORM = Constraint.from_regex(score_form(1, 10))
 
 
 class Grade(Detail):
@@ -57,6 +63,12 @@ class BestOfN(LoopStrategy):
     1-10. Ties go to the candidate sampled first. A plain ``cot`` inner
     samples all n in one request.
 
+    ``structured`` (ours, issue #19; default: when the backend enforces
+    regexes) constrains the judge's reply to one paragraph of checking, then
+    ``Score: 1..10`` (:func:`~refinery.verifiers.judge.score_form`), so the
+    grade is always readable; ``structured=False`` is the free-text judge.
+    Each judge call's trace event notes whether its grade parsed.
+
     Example:
         >>> attempt = await BestOfN(CoT(), n=4, scorer="judge").solve(task, ctx)
         >>> attempt.metadata["scorer"], attempt.score
@@ -67,7 +79,9 @@ class BestOfN(LoopStrategy):
     min_inner = max_inner = 1
     default_inner = (CoT,)
 
-    class Params(SampledParams):
+    structured_kinds = frozenset({"regex"})
+
+    class Params(StructuredParams, SampledParams):
         scorer: Literal["auto", "verifier", "judge"] = Field(
             "auto", description="auto: the verifier when the task has one, else the judge")
 
@@ -115,10 +129,13 @@ class BestOfN(LoopStrategy):
 
     async def judge(self, task: Task, ctx: Context, attempt: Attempt) -> Scored[Grade]:
         prompt = JUDGE.format(question=task.question, solution=attempt.text)
-        params = ctx.params.but(temperature=0.0, max_tokens=min(ctx.params.max_tokens, 384))
+        structured = self.structured(ctx)
+        params = step_params(ctx, JUDGE_FORM if structured else None, temperature=0.0,
+                             max_tokens=min(ctx.params.max_tokens, 384))
         gen = await ctx.generate([Message(role="user", content=prompt)], params, n=1,
                                  step="judge", strategy=self.name, parents=attempt.events)
         grade = parse_score(gen[0].text, 1, 10).value
+        record_parse(ctx, gen.event_id, "judge", [grade is not None], structured=structured)
         detail = Grade(scorer="judge", grade=NEUTRAL if grade is None else grade,
                        fallback="unreadable grade -> neutral" if grade is None else None)
         return Scored(attempt, detail.grade / 10, events=[gen.event_id], detail=detail)

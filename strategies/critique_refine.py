@@ -7,10 +7,19 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
+from refinery.engine.constraints import Constraint
 from refinery.engine.context import Context
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Message, Task
-from refinery.strategies.base import Detail, LoopStrategy, Scored, StrategyParams, attempt_from
+from refinery.strategies.base import (
+    Detail,
+    LoopStrategy,
+    Scored,
+    StructuredParams,
+    attempt_from,
+    record_parse,
+    step_params,
+)
 from refinery.strategies.cot import CoT
 from refinery.strategies.parsing import after
 
@@ -36,18 +45,31 @@ Format: N - reason
 Summary: one sentence.
 Directive: what concretely to change in the solution."""
 
+# Structured mode: the form CRITIQUE asks for, each free part one bounded line (no line
+# break, so the next label always follows: deterministic, at most ~1,300 characters).
+CRITIQUE_FORM = Constraint.from_regex(
+    r"[^\n]{1,240}\n"
+    + "".join(rf"{dim.capitalize()}: [1-4] - [^\n]{{1,140}}\n" for dim in DIMENSIONS)
+    + r"Summary: [^\n]{1,200}\nDirective: [^\n]{1,300}")
+
 REFINE = ("A reviewer checked your solution.\n{critique}\n\nRevise the solution following "
           "the directive: solve the problem again step by step, fix what was criticised, "
           "and write the final answer as \\boxed{{...}}.")
 
 
-def parse_critique(text: str) -> tuple[dict[str, float], str]:
-    """Per-dimension scores (unreadable -> 2.5) and the revision directive."""
-    scores = {}
+def read_rubric(text: str) -> dict[str, float | None]:
+    """Each dimension's 1-4 score as written, None where unreadable or out of range."""
+    scores: dict[str, float | None] = {}
     for dim in DIMENSIONS:
         m = re.search(rf"{dim}\W{{0,6}}(\d(?:\.\d+)?)", text, re.I)
-        value = float(m.group(1)) if m else NEUTRAL
-        scores[dim] = value if 1 <= value <= 4 else NEUTRAL
+        value = float(m.group(1)) if m else None
+        scores[dim] = value if value is not None and 1 <= value <= 4 else None
+    return scores
+
+
+def parse_critique(text: str) -> tuple[dict[str, float], str]:
+    """Per-dimension scores (unreadable -> 2.5) and the revision directive."""
+    scores = {dim: NEUTRAL if v is None else v for dim, v in read_rubric(text).items()}
     directive = (after(text, "directive:") or after(text, "summary:") or "").strip()
     return scores, directive or "Re-check every step and correct any mistake."
 
@@ -71,6 +93,14 @@ class CritiqueRefine(LoopStrategy):
     the best-scored attempt, not just the last. Every candidate is critiqued,
     so ``rounds`` refinements cost 2 * rounds + 1 requests beyond the draft.
 
+    ``structured`` (ours, issue #19; default: when the backend enforces
+    regexes) constrains the critique to the form its prompt shows (:data:`CRITIQUE_FORM`:
+    a line on what the problem requires, ``Dimension: 1-4 - reason`` per
+    dimension, ``Summary:``, ``Directive:``, each part one bounded line), so
+    every score and the directive are readable; ``structured=False`` is the
+    free-text critique. Each critique's trace event notes whether all four
+    scores parsed.
+
     Example:
         >>> attempt = await CritiqueRefine(CoT(), rounds=2).solve(task, ctx)
         >>> attempt.metadata["rubric"]
@@ -80,8 +110,9 @@ class CritiqueRefine(LoopStrategy):
     name = "critique_refine"
     min_inner = max_inner = 1
     default_inner = (CoT,)
+    structured_kinds = frozenset({"regex"})
 
-    class Params(StrategyParams):
+    class Params(StructuredParams):
         rounds: int = Field(2, ge=0, le=8, description="refinements at most")
         bar: int = Field(3, ge=1, le=4, description="skip rule: stop when all dimensions >= bar")
 
@@ -107,9 +138,13 @@ class CritiqueRefine(LoopStrategy):
     async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored[Critique]]:
         [attempt] = cands
         prompt = CRITIQUE.format(question=task.question, solution=attempt.text)
-        params = ctx.params.but(temperature=0.0)
+        structured = self.structured(ctx)
+        params = step_params(ctx, CRITIQUE_FORM if structured else None, temperature=0.0)
         gen = await ctx.generate([Message(role="user", content=prompt)], params, n=1,
                                  step="critique", strategy=self.name, parents=attempt.events)
+        read = read_rubric(gen[0].text)
+        record_parse(ctx, gen.event_id, "critique", [None not in read.values()],
+                     structured=structured)
         scores, directive = parse_critique(gen[0].text)
         total = sum(scores.values())
         eid = ctx.emit("critique", directive, strategy=self.name, parents=[gen.event_id],

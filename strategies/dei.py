@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
+from refinery.engine.constraints import Constraint
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted
 from refinery.engine.graph import ChildCost
@@ -17,13 +18,15 @@ from refinery.strategies.base import (
     LoopStrategy,
     PartialScores,
     Scored,
-    StrategyParams,
+    StructuredParams,
     gather_attempts,
+    record_parse,
+    step_params,
 )
 from refinery.strategies.critique_refine import CritiqueRefine
 from refinery.strategies.sage import SAGE
 from refinery.strategies.ssr import SSR
-from refinery.verifiers.judge import parse_score
+from refinery.verifiers.judge import grade_pattern, parse_score
 from refinery.verifiers.math import normalize_answer
 
 REVIEW = """You are on a review committee judging one candidate solution.
@@ -43,6 +46,12 @@ Write five short paragraphs, in this order:
 Then grade the candidate from 1 to 10. A wrong core step or a wrong final answer caps the \
 grade at 3; style problems cost at most one point. End with a line "Score: N"."""
 NEUTRAL = 5.5  # mean grade of a candidate with no readable review (ours)
+# Structured mode: the five paragraphs REVIEW asks for, numbered, one bounded line each
+# (no line break inside, so the next number always follows), then the grade line.
+PARAGRAPH_CHARS = 240
+REVIEW_FORM = Constraint.from_regex(
+    "".join(rf"{k}\. [^\n]{{1,{PARAGRAPH_CHARS}}}\n" for k in range(1, 6))
+    + f"Score: {grade_pattern(1, 10)}")
 
 
 class Review(Detail):
@@ -64,6 +73,14 @@ class DEI(LoopStrategy):
     tied candidates; if they are still tied, the answer most members gave
     wins, then the member listed first.
 
+    ``structured`` (ours, issue #19; default: when the backend enforces
+    regexes) constrains each review to :data:`REVIEW_FORM`: the five
+    paragraphs, numbered, one line of at most ``PARAGRAPH_CHARS`` characters
+    each, then ``Score: 1..10``. The rationale stays free within its lines;
+    the grade is always there and the review is bounded (~1,250 characters),
+    still one request per candidate. ``structured=False`` is the free-text
+    review. Each review request's trace event notes which samples held a grade.
+
     Example:
         >>> dei = DEI(SSR(), CritiqueRefine(), SAGE(CoT()), votes=5)
         >>> attempt = await dei.solve(task, ctx)
@@ -74,8 +91,9 @@ class DEI(LoopStrategy):
     name = "dei"
     min_inner, max_inner = 1, None
     default_inner = (SSR, CritiqueRefine, SAGE)
+    structured_kinds = frozenset({"regex"})
 
-    class Params(StrategyParams):
+    class Params(StructuredParams):
         votes: int = Field(10, ge=1, le=32, description="reviews per candidate (one request)")
         temperature: float = Field(0.7, ge=0.0, le=2.0, description="reviewer temperature")
 
@@ -91,15 +109,18 @@ class DEI(LoopStrategy):
     async def review(self, task: Task, ctx: Context, attempt: Attempt) -> tuple[list[float], str]:
         """``votes`` grades of one candidate from one request, and its trace event."""
         prompt = REVIEW.format(question=task.question, solution=attempt.text)
-        params = ctx.params.but(temperature=self.params.temperature)
+        structured = self.structured(ctx)
+        params = step_params(ctx, REVIEW_FORM if structured else None,
+                             temperature=self.params.temperature)
         gen = await ctx.generate([Message(role="user", content=prompt)], params,
                                  n=self.params.votes, step="review", strategy=self.name,
                                  parents=attempt.events)
         # The five numbered paragraphs make a bare "last number" unreliable: only an
         # explicit grade (labelled, JSON, bold or N/10) counts.
         reads = [parse_score(c.text, 1, 10) for c in gen]
-        grades = [r.value for r in reads if r.value is not None and r.how != "last-number"]
-        return grades, gen.event_id
+        explicit = [r.value is not None and r.how != "last-number" for r in reads]
+        record_parse(ctx, gen.event_id, "review", explicit, structured=structured)
+        return [r.value for r, ok in zip(reads, explicit, strict=True) if ok], gen.event_id
 
     async def vote_round(self, task: Task, ctx: Context, cands: list[Attempt],
                          which: list[int], grades: list[list[float]],

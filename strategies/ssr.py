@@ -11,7 +11,7 @@ from refinery.engine.context import Context
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Task
 from refinery.strategies import socratic
-from refinery.strategies.base import LoopStrategy, Scored, StrategyParams
+from refinery.strategies.base import LoopStrategy, Scored, StructuredParams
 from refinery.strategies.cot import CoT
 
 Assessed = Scored[socratic.Assessment]
@@ -34,6 +34,14 @@ class SSR(LoopStrategy):
     deviation, off by default). ``max_steps`` caps the sub-questions (ours:
     it bounds the cost).
 
+    ``structured`` (ours, issue #19; default: when the backend enforces JSON
+    schemas and regexes) constrains every parsed step: the decomposition to
+    the JSON the prompt shows, the re-solves to brief reasoning then
+    ``<answer>...</answer>``, the agreement check to ``k: same|different``
+    lines and the 0-5 judge to a paragraph then ``Score: N`` (shapes in
+    :mod:`refinery.strategies.socratic`). ``structured=False`` is the free-text
+    method as before.
+
     Example:
         >>> attempt = await SSR(CoT()).solve(task, ctx)
         >>> [s["confidence"] for s in attempt.metadata["steps"]]
@@ -45,8 +53,9 @@ class SSR(LoopStrategy):
     adaptive: ClassVar[bool] = False
     min_inner = max_inner = 1
     default_inner = (CoT,)
+    structured_kinds = frozenset({"json", "regex"})
 
-    class Params(StrategyParams):
+    class Params(StructuredParams):
         max_iter: int = Field(3, ge=0, le=10, description="refinements = max_iter + 1")
         resolves: int = Field(5, ge=1, le=16, description="re-solves per sub-question")
         temperature: float = Field(0.6, ge=0.0, le=2.0, description="re-solve temperature")
@@ -67,11 +76,11 @@ class SSR(LoopStrategy):
                       last: list[Assessed]) -> list[Attempt]:
         if rnd == 0:
             return [await self.seed(task, ctx)]
-        return [await socratic.refine(task, ctx, last[0], self.name)]
+        return [await socratic.refine(task, ctx, last[0], self.name, self.structured(ctx))]
 
     async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Assessed]:
-        return [await socratic.assess(task, ctx, cands[0], self.params,
-                                      adaptive=self.adaptive, strategy=self.name)]
+        return [await socratic.assess(task, ctx, cands[0], self.params, adaptive=self.adaptive,
+                                      strategy=self.name, structured=self.structured(ctx))]
 
     def stop(self, rnd: int, last: list[Assessed], pool: list[Assessed]) -> str | None:
         if (self.params.early_exit and len(pool) >= 2

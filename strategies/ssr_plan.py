@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from refinery.engine.context import Context
+from refinery.engine.constraints import Constraint
+from refinery.engine.context import Context, Generation
 from refinery.engine.errors import BudgetExhausted
 from refinery.engine.graph import ChildCost
+from refinery.engine.trace import StepKind
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies import socratic
-from refinery.strategies.base import with_note
+from refinery.strategies.base import record_parse, step_params, with_note
 from refinery.strategies.ssr import SSR
 from refinery.strategies.ssr_ada import SSRAda
 from refinery.verifiers.judge import parse_score
@@ -50,7 +52,9 @@ class SSRPlan(SSRAda):
     The seed's plan is summarised (no arithmetic), critiqued and scored 0-5.
     Below 5 (or unreadable), the model re-plans from the critique and the
     inner strategy solves again with the new plan in context; that
-    trajectory seeds the ``ssr_ada`` rounds. Parameters as ``ssr``.
+    trajectory seeds the ``ssr_ada`` rounds. Parameters as ``ssr``; in
+    structured mode the plan critique is also constrained, to one paragraph
+    then ``Score: 0..5`` (the plans themselves are free text, never parsed).
 
     Example:
         >>> attempt = await SSRPlan(CoT()).solve(task, ctx)
@@ -73,18 +77,21 @@ class SSRPlan(SSRAda):
         except BudgetExhausted:  # keep the seed; the loop records the spent budget
             return seed
 
-    async def ask(self, ctx: Context, prompt: str, step: str, parents: list[str]):
-        params = ctx.params.but(temperature=0.0)
+    async def ask(self, ctx: Context, prompt: str, step: StepKind, parents: list[str],
+                  constraint: Constraint | None = None) -> Generation:
+        params = step_params(ctx, constraint, temperature=0.0)
         return await ctx.generate([Message(role="user", content=prompt)], params, n=1,
                                   step=step, strategy=self.name, parents=parents)
 
     async def replan(self, task: Task, ctx: Context, seed: Attempt) -> Attempt:
-        q = task.question
+        q, structured = task.question, self.structured(ctx)
         plan = await self.ask(ctx, SUMMARISE.format(question=q, solution=seed.text), "plan",
                               seed.events)
         crit = await self.ask(ctx, CRITIQUE.format(question=q, plan=plan[0].text), "critique",
-                              [plan.event_id])
+                              [plan.event_id], socratic.JUDGE_FORM if structured else None)
         score = parse_score(crit[0].text, 0, 5).value
+        record_parse(ctx, crit.event_id, "plan_critique", [score is not None],
+                     structured=structured)
         eid = ctx.emit("critique", f"plan score {score}", strategy=self.name,
                        parents=[crit.event_id], plan_score=score)
         if score is not None and score >= 5:

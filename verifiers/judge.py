@@ -16,11 +16,13 @@ import re
 from dataclasses import dataclass
 
 from refinery.engine.backends.base import Backend
+from refinery.engine.constraints import Constraint, structured_mode
 from refinery.engine.errors import InvalidRequestError
 from refinery.engine.types import Message, SamplingParams, Task
 from refinery.verifiers.base import Verdict
 
-__all__ = ["DEFAULT_RUBRIC", "JudgeVerifier", "ParsedScore", "parse_score"]
+__all__ = ["DEFAULT_RUBRIC", "EXPLAIN_CHARS", "JudgeVerifier", "ParsedScore", "grade_pattern",
+           "parse_score", "score_form"]
 
 DEFAULT_RUBRIC = (
     "Grade the response to the question for correctness first, then completeness and "
@@ -37,6 +39,8 @@ _BOLD = re.compile(rf"\*\*\s*{_NUM}{_OUT_OF}\s*\*\*")
 _FRACTION = re.compile(rf"{_NUM}\s*(?:/|out\s+of)\s*{_NUM}", re.IGNORECASE)
 _ANY_NUM = re.compile(_NUM)
 _JSON_OBJ = re.compile(r"\{[^{}]*\}")
+# Characters of explanation a structured grade reply may write before its score line.
+EXPLAIN_CHARS = 600
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,38 @@ def parse_score(text: str, lo: float = 1, hi: float = 10) -> ParsedScore:
     return ParsedScore(None, "unparsed")
 
 
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def grade_pattern(lo: float, hi: float) -> str:
+    """A regex of one grade in ``[lo, hi]``: the integers, highest first, on an
+    integral scale; otherwise any short decimal (:func:`parse_score` checks the range)."""
+    if float(lo).is_integer() and float(hi).is_integer():
+        return "(?:" + "|".join(str(i) for i in range(int(hi), int(lo) - 1, -1)) + ")"
+    return r"-?\d{1,3}(?:\.\d{1,3})?"
+
+
+def score_form(lo: float, hi: float, *, out_of: bool = False,
+               explain: int = EXPLAIN_CHARS) -> str:
+    """The regex a structured grade reply matches: a one-paragraph explanation, then a
+    last line ``Score: N`` (``Score: N/hi`` with ``out_of``).
+
+    The explanation (1 to ``explain`` characters) holds no line break, so the first
+    line break commits the reply to its score line: the regex is deterministic (no
+    ambiguity for a grammar engine to track) and bounds the reply, since every
+    token writes at least one character. :func:`parse_score` reads the result as
+    ``labeled``.
+
+    Example:
+        >>> import re
+        >>> bool(re.fullmatch(score_form(0, 5), "The sum is right.\nScore: 5"))
+        True
+    """
+    tail = f"Score: {grade_pattern(lo, hi)}" + (f"/{re.escape(_num(hi))}" if out_of else "")
+    return rf"[^\n]{{1,{explain}}}\n{tail}"
+
+
 class JudgeVerifier:
     """Asks a model to grade an answer against a rubric; passes at ``threshold``.
 
@@ -112,6 +148,13 @@ class JudgeVerifier:
     ``score`` maps it onto [0, 1]. With ``samples > 1`` the grades of several
     samples are averaged (unreadable ones are skipped). An entirely unreadable
     reply gives the neutral score 0.5, ``passed=False`` and a detail saying so.
+
+    ``structured`` is decided once, here, by
+    :func:`~refinery.engine.constraints.structured_mode`: ``None`` constrains the
+    reply to :func:`score_form` (a one-paragraph explanation, then ``Score: N/hi``)
+    when the backend enforces regexes, ``False`` keeps free text, ``True`` requires
+    the constraint (an error on a backend without regexes). The detail's
+    ``parsed`` says which samples held a readable score, ``structured`` which path ran.
     Backend errors propagate: a judge that could not be asked is no verdict.
 
     Example:
@@ -130,7 +173,8 @@ class JudgeVerifier:
 
     def __init__(self, backend: Backend, rubric: str = DEFAULT_RUBRIC, threshold: float = 7.0, *,
                  scale: tuple[float, float] = (1, 10), samples: int = 1,
-                 params: SamplingParams | None = None) -> None:
+                 params: SamplingParams | None = None,
+                 structured: bool | None = None) -> None:
         lo, hi = scale
         if not lo < hi:
             raise InvalidRequestError(f"judge scale must be (low, high), got {scale!r}")
@@ -145,6 +189,10 @@ class JudgeVerifier:
         self.samples = samples
         self.params = params or SamplingParams(temperature=0.0 if samples == 1 else 0.7,
                                                max_tokens=512)
+        self.structured = structured_mode("judge", structured, frozenset({"regex"}), backend)
+        if self.structured:
+            form = Constraint.from_regex(score_form(lo, hi, out_of=True))
+            self.params = self.params.but(constraint=form)
 
     def messages(self, task: Task, answer: str, gold: str | None = None) -> list[Message]:
         """The judge prompt: rubric and output format as system, the case as user."""
@@ -170,6 +218,8 @@ class JudgeVerifier:
         detail: dict = {
             "scores": [p.value for p in parsed],
             "parsed_by": [p.how for p in parsed],
+            "parsed": [p.value is not None for p in parsed],
+            "structured": self.structured,
             "scale": [lo, hi],
             "threshold": self.threshold,
             "explanation": completions[0].text.strip()[-2000:] if completions else "",

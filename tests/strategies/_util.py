@@ -43,3 +43,27 @@ class ProbeBackend(ScriptedBackend):
             return await super().generate(messages, params, n=n, monitor=monitor)
         finally:
             self.inflight -= 1
+
+
+class StrictBackend(ScriptedBackend):
+    """Scripted backend that answers as an enforcing engine would: every sample of a
+    constrained call must satisfy the call's constraint, or the test fails (so the
+    scripted replies, and the strategies' constraints, are checked against each other)."""
+
+    def _completion(self, messages, params, i):
+        comp = super()._completion(messages, params, i)
+        c = params.constraint
+        assert c is None or c.accepts(comp.text), (c, comp.text)
+        return comp
+
+
+def constraints(backend: ScriptedBackend, marker: str) -> list:
+    """The constraint of each recorded call whose prompt contains ``marker``."""
+    return [c.params.constraint for c in prompts(backend, marker)]
+
+
+def parse_records(context: Context) -> list[tuple[str, str, list[bool], bool]]:
+    """(strategy, step, parsed, structured) of every parse note in the trace, in order."""
+    return [(e.strategy, e.data["parse"]["step"], e.data["parse"]["parsed"],
+             e.data["parse"]["structured"])
+            for e in context.trace.events if "parse" in e.data]

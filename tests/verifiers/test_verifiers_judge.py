@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import pytest
 
+from refinery.engine.constraints import StructuredModeError
 from refinery.engine.errors import BackendError, InvalidRequestError
 from refinery.engine.types import Completion, Message, SamplingParams, Task
-from refinery.verifiers.judge import JudgeVerifier, parse_score
+from refinery.verifiers.judge import JudgeVerifier, grade_pattern, parse_score, score_form
 
 
 class ScriptedBackend:
@@ -129,3 +131,59 @@ def test_judge_rejects_bad_settings() -> None:
         JudgeVerifier(b, scale=(5, 1))
     with pytest.raises(InvalidRequestError):
         JudgeVerifier(b, samples=0)
+
+
+# --------------------------------------------------------------- structured (issue #19)
+
+
+class StructuredBackend(ScriptedBackend):
+    """The double above, declaring the constraint kinds it enforces."""
+
+    def __init__(self, replies: list[str | Exception],
+                 kinds: frozenset[str] = frozenset({"regex"})) -> None:
+        super().__init__(replies)
+        self.structured_outputs = kinds
+
+
+def test_score_form_is_one_paragraph_then_the_score_line() -> None:
+    form = score_form(1, 10, out_of=True)
+    assert re.fullmatch(form, "Right answer, clear steps.\nScore: 8/10")
+    assert re.fullmatch(form, "Wrong.\nScore: 10/10")
+    assert not re.fullmatch(form, "Wrong.\nScore: 11/10")
+    assert not re.fullmatch(form, "Wrong.\nScore: 0/10")
+    assert not re.fullmatch(form, "Two\nparagraphs.\nScore: 8/10")
+    assert not re.fullmatch(form, "x" * 601 + "\nScore: 8/10")
+    assert re.fullmatch(score_form(0, 5), "ok\nScore: 0")
+    assert grade_pattern(0, 5) == "(?:5|4|3|2|1|0)"
+    assert re.fullmatch(score_form(0, 2.5, out_of=True), "ok\nScore: 1.5/2.5")
+
+
+async def test_structured_judge_constrains_the_reply_and_notes_parsing() -> None:
+    backend = StructuredBackend(["Correct and clear.\nScore: 8/10"])
+    judge = JudgeVerifier(backend, threshold=7)
+    v = await judge.verify(Task.from_prompt("What is 2+2?"), "4")
+    [(_, params, _)] = backend.calls
+    assert params.constraint.kind == "regex"
+    assert params.constraint.regex == score_form(1, 10, out_of=True)
+    assert params.constraint.accepts("Correct and clear.\nScore: 8/10")
+    assert v.passed and v.detail["scores"] == [8.0]
+    assert v.detail["parsed"] == [True] and v.detail["structured"] is True
+
+
+async def test_judge_structured_false_and_unsupported_default_are_free_text() -> None:
+    off = StructuredBackend(["no idea"])
+    v = await JudgeVerifier(off, structured=False).verify(Task.from_prompt("q"), "a")
+    assert off.calls[0][1].constraint is None
+    assert v.detail["parsed"] == [False] and v.detail["structured"] is False
+    bare = StructuredBackend(["Score: 7"], kinds=frozenset({"json"}))
+    v = await JudgeVerifier(bare).verify(Task.from_prompt("q"), "a")
+    assert bare.calls[0][1].constraint is None and v.detail["structured"] is False
+    assert v.detail["scores"] == [7.0]
+    # a backend that declares nothing supports nothing
+    plain = ScriptedBackend(["Score: 7"])
+    assert JudgeVerifier(plain).structured is False
+
+
+def test_judge_structured_true_without_regexes_is_refused() -> None:
+    with pytest.raises(StructuredModeError, match=r"judge\(structured=True\) needs 'regex'"):
+        JudgeVerifier(StructuredBackend([], kinds=frozenset({"json"})), structured=True)
