@@ -23,7 +23,7 @@ export TOKENIZERS_PARALLELISM ?= false
 PEERS := $(REFINERY_HOME)/peers
 OPTILLM_VERSION ?= 0.4.0
 
-.PHONY: setup serve test test-all test-fast bench bench-peers lint clean-venv
+.PHONY: setup serve test test-all test-fast bench bench-peers peers-clients check-clients lint clean-venv
 
 setup: $(STAMP) system-packages
 	@$(PY) -m pip install --quiet --no-deps --no-build-isolation -e . >/dev/null
@@ -70,6 +70,22 @@ $(PEERS)/optillm/.installed:
 	$(PEERS)/optillm/bin/python -m pip install --quiet "torch==2.13.0+cpu"
 	$(PEERS)/optillm/bin/python -m pip install --quiet "optillm==$(OPTILLM_VERSION)"
 	touch $@
+
+# lm-evaluation-harness and litellm, in their own virtualenv (their pins conflict with ours).
+LM_EVAL_VERSION ?= 0.4.13
+LITELLM_VERSION ?= 1.110.2
+peers-clients: $(PEERS)/clients/.installed
+
+$(PEERS)/clients/.installed:
+	$(PYTHON) -m venv $(PEERS)/clients
+	$(PEERS)/clients/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS)/clients/bin/python -m pip install --quiet "torch==2.13.0+cpu"
+	$(PEERS)/clients/bin/python -m pip install --quiet "lm-eval[api]==$(LM_EVAL_VERSION)" \
+		"litellm==$(LITELLM_VERSION)"
+	touch $@
+
+check-clients: setup peers-clients
+	$(PY) bench/client_compat.py
 
 bench: setup
 	@for f in bench/*.py; do echo "== $$f"; $(PY) $$f || exit 1; done
