@@ -15,8 +15,11 @@ from refinery.strategies.base import (
 )
 from refinery.strategies.best_of_n import BestOfN
 from refinery.strategies.cot import CoT
+from refinery.strategies.cot_reflection import CoTReflection
 from refinery.strategies.critique_refine import CritiqueRefine
 from refinery.strategies.dei import DEI
+from refinery.strategies.moa import MoA
+from refinery.strategies.re2 import ReRead
 from refinery.strategies.registry import REGISTRY, Entry, build, build_with_graph, describe
 from refinery.strategies.sage import SAGE
 from refinery.strategies.self_consistency import SelfConsistency
@@ -31,9 +34,12 @@ __all__ = [
     "SSR",
     "BestOfN",
     "CoT",
+    "CoTReflection",
     "CritiqueRefine",
     "Entry",
     "LoopStrategy",
+    "MoA",
+    "ReRead",
     "SSRAda",
     "SSRPlan",
     "Scored",

@@ -27,8 +27,11 @@ from refinery.engine.graph import DEFAULT_MAX_CALLS, ChildCost, build_strategy, 
 from refinery.strategies.base import Strategy
 from refinery.strategies.best_of_n import BestOfN
 from refinery.strategies.cot import CoT
+from refinery.strategies.cot_reflection import CoTReflection
 from refinery.strategies.critique_refine import CritiqueRefine
 from refinery.strategies.dei import DEI
+from refinery.strategies.moa import MoA
+from refinery.strategies.re2 import ReRead
 from refinery.strategies.sage import SAGE
 from refinery.strategies.self_consistency import SelfConsistency
 from refinery.strategies.ssr import SSR
@@ -93,6 +96,9 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(SSRPlan),
     Entry(SAGE),
     Entry(DEI, ("committee",)),
+    Entry(MoA, ("mixture_of_agents",)),
+    Entry(ReRead, ("reread", "re_reading")),
+    Entry(CoTReflection),
 )
 
 # Read-only: name or alias -> entry.

@@ -32,7 +32,8 @@ from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import task
 
 SPECS = ["cot", "sc", "best_of_n", "critique_refine", "ssr", "ssr_ada", "ssr_plan", "sage",
-         "dei", "dei(ssr, critique_refine, sage(cot))"]
+         "dei", "dei(ssr, critique_refine, sage(cot))", "moa", "re2", "cot_reflection",
+         "moa(cot_reflection)"]
 PAD = " and so on" * 30  # replies longer than the caps, so token budgets bite
 
 
@@ -55,6 +56,8 @@ RULES = [
     (r"Critique the plan", "Sound. Score: 3"),
     (r"Summarise the plan", "1. add the apples 2. double the pile" + PAD),
     (r"Do not solve the problem", "Goal: count apples.\nKey steps: add, then double." + PAD),
+    (r"three tagged parts", "<thinking>3 + 4 = 7, doubled 14." + PAD
+     + "</thinking><reflection>Fine.</reflection><output>\\boxed{14}</output>"),
     (r".*", ["3 + 4 = 7, doubled 14. \\boxed{14}" + PAD, "7 then 16. \\boxed{16}" + PAD]),
 ]
 
