@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from refinery.engine.constraints import Constraint
 from refinery.engine.context import LOOP_NUDGE, Budget, Context
 from refinery.engine.errors import BudgetExhausted
-from refinery.engine.loops import LoopAlarm
+from refinery.engine.loops import CusumLoopDetector, LoopAlarm
 from refinery.engine.types import Completion, Message, SamplingParams
 from tests.scripted_backend import ScriptedBackend
 
@@ -99,3 +100,21 @@ async def test_final_generation_streams_to_the_sink():
     assert ctx.trace.events[0].data == {"final": True}
     await ctx.inner().generate(Q, final=True)  # inner contexts never stream
     assert len(pieces) == 4
+
+
+async def test_constrained_calls_are_not_loop_monitored():
+    seen = []
+
+    class Recording(ScriptedBackend):
+        async def generate(self, messages, params, *, n=None, monitor=None):
+            seen.append(monitor)
+            return await super().generate(messages, params, n=n, monitor=monitor)
+
+    detector = CusumLoopDetector()
+    ctx = Context(Recording([(r".*", '{"a": 1}')]), loop_detector=detector)
+    msgs = [Message(role="user", content="x")]
+    await ctx.generate(msgs, SamplingParams(max_tokens=8))
+    await ctx.generate(msgs, SamplingParams(max_tokens=8,
+                                            constraint=Constraint.any_json()))
+    # structure repeats by design; the constraint's bounds cap the length instead
+    assert seen == [detector, None]
