@@ -9,6 +9,7 @@ model, each with a description; so do the fields of vLLM's server we accept
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
@@ -16,15 +17,33 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serial
 from refinery.engine.types import TokenLogprob
 
 
+def strings(value: Any) -> Iterator[str]:
+    """Every string in ``value``: itself, or nested in lists and objects (keys too).
+
+    Iterative: a schema nested a thousand levels deep is no RecursionError here.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+
+
 def unicode_text(value: Any) -> Any:
-    """Refuse strings (alone or in a list) that are not encodable text.
+    """Refuse strings (alone, in a list, or in a JSON object) that are not encodable text.
 
     JSON allows ``"\\ud800"``, which decodes to a lone surrogate: text no
     tokenizer (nor any UTF-8 encoder) can take. Refused here, it is a 400
-    naming the field instead of a failure deep in the engine.
+    naming the field instead of a failure deep in the engine (a schema is
+    written into prompts and handed to the engine's grammar compiler).
     """
-    for text in value if isinstance(value, list) else [value]:
-        if isinstance(text, str) and not text.isascii():
+    for text in strings(value):
+        if not text.isascii():
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as exc:
@@ -76,7 +95,7 @@ class FunctionDefinition(OpenAIBase):
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
     strict: bool | None = None
 
-    _text = field_validator("name", "description")(unicode_text)
+    _text = field_validator("name", "description", "parameters")(unicode_text)
 
 
 class ChatTool(OpenAIBase):
@@ -103,6 +122,8 @@ class JsonSchemaFormat(OpenAIBase):
     json_schema: dict[str, Any] | None = Field(None, alias="schema")
     strict: bool | None = Field(None, description="Accepted; the schema is always enforced.")
 
+    _text = field_validator("name", "json_schema")(unicode_text)
+
 
 class ResponseFormat(OpenAIBase):
     type: Literal["text", "json_object", "json_schema"]
@@ -123,7 +144,7 @@ class StructuredOutputs(OpenAIBase):
     disable_any_whitespace: bool = Field(False, description="JSON without optional "
                                          "whitespace.")
 
-    _text = field_validator("regex", "choice", "grammar")(unicode_text)
+    _text = field_validator("json_", "regex", "choice", "grammar")(unicode_text)
 
 
 class StreamOptions(OpenAIBase):
@@ -161,7 +182,8 @@ class VLLMStructuredFields(OpenAIBase):
     guided_choice: list[str] | None = Field(None, description="vLLM (older).")
     guided_grammar: str | None = Field(None, description="vLLM (older).")
 
-    _guided = field_validator("guided_regex", "guided_choice", "guided_grammar")(unicode_text)
+    _guided = field_validator("guided_json", "guided_regex", "guided_choice",
+                              "guided_grammar")(unicode_text)
 
 
 class ChatCompletionRequest(VLLMStructuredFields):

@@ -47,6 +47,7 @@ from refinery.serving.protocol import (
 )
 
 EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
+MAX_SCHEMA_DEPTH = 64  # deeper schemas are refused, not handed to recursive checkers
 NO_PARSER = ("tool_choice 'auto' (the default when tools are given) needs a tool-call "
              "parser, which this server does not have for its model: name the function "
              "(tool_choice={'type': 'function', 'function': {'name': ...}}), ask for "
@@ -108,6 +109,27 @@ def at(param: str, build: Callable[[], Constraint]) -> Constraint:
         raise InvalidRequestError(exc.message, param=param, code=exc.code) from exc
 
 
+def nesting(value: Any) -> int:
+    """How deep lists and objects nest in ``value`` (iteratively: any depth is safe)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, depth)
+            stack.extend((x, depth + 1) for x in item)
+    return deepest
+
+
+def schema_constraint(schema: Any, param: str, name: str | None = None) -> Constraint:
+    """``Constraint.from_schema``, refusals naming ``param``; too deep a schema refused."""
+    if nesting(schema) > MAX_SCHEMA_DEPTH:
+        raise InvalidRequestError(f"JSON schema nested deeper than {MAX_SCHEMA_DEPTH} "
+                                  f"levels", param=param)
+    return at(param, lambda: Constraint.from_schema(schema, name=name))
+
+
 def format_constraints(req: ChatCompletionRequest | CompletionRequest,
                        ) -> list[tuple[str, Constraint]]:
     """Every constraint the request's format fields ask for, with the field's name."""
@@ -129,8 +151,8 @@ def response_format_constraint(rf: ResponseFormat) -> Constraint:
     if spec is None or spec.json_schema is None:
         raise InvalidRequestError("response_format json_schema needs json_schema.schema",
                                   param="response_format.json_schema.schema")
-    return at("response_format.json_schema.schema",
-              lambda: Constraint.from_schema(spec.json_schema, name=spec.name))
+    return schema_constraint(spec.json_schema, "response_format.json_schema.schema",
+                             spec.name)
 
 
 def vllm_constraints(so: StructuredOutputs, prefix: str) -> list[tuple[str, Constraint]]:
@@ -140,9 +162,8 @@ def vllm_constraints(so: StructuredOutputs, prefix: str) -> list[tuple[str, Cons
                                   param=f"{prefix}structural_tag")
     out = []
     if so.json_ is not None:
-        schema = so.json_
-        out.append((f"{prefix}json", at(f"{prefix}json",
-                                        lambda: Constraint.from_schema(json_value(schema)))))
+        param = f"{prefix}json"
+        out.append((param, schema_constraint(json_value(so.json_, param), param)))
     if so.json_object:
         out.append((f"{prefix}json_object", Constraint.any_json()))
     if so.regex is not None:
@@ -157,15 +178,15 @@ def vllm_constraints(so: StructuredOutputs, prefix: str) -> list[tuple[str, Cons
     return out
 
 
-def json_value(schema: dict[str, Any] | str) -> Any:
+def json_value(schema: dict[str, Any] | str, param: str) -> Any:
     """A schema given as an object or (vLLM allows it) as JSON text."""
     if isinstance(schema, dict):
         return schema
     try:
         return json.loads(schema)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise InvalidRequestError("a JSON schema given as a string must be JSON text",
-                                  param="json_schema") from None
+                                  param=param) from None
 
 
 # -- tools ------------------------------------------------------------------------------
@@ -184,7 +205,7 @@ def tool_constraint(req: ChatCompletionRequest) -> tuple[Reply, Constraint, str]
         raise InvalidRequestError(NO_PARSER, param="tool_choice")
     if choice == "required":
         schema = required_schema(tools, req.parallel_tool_calls)
-        return (Reply("required"), at("tools", lambda: Constraint.from_schema(schema)),
+        return (Reply("required"), schema_constraint(schema, "tools"),
                 tools_prompt(tools, None))
     name = choice.function.name
     index = next((i for i, t in enumerate(tools) if t.function.name == name), None)
@@ -193,8 +214,7 @@ def tool_constraint(req: ChatCompletionRequest) -> tuple[Reply, Constraint, str]
         raise InvalidRequestError(f"tool_choice names function {name!r}, which is not "
                                   f"in tools (known: {known})", param="tool_choice")
     params = tools[index].function.parameters or EMPTY_OBJECT
-    constraint = at(f"tools.{index}.function.parameters",
-                    lambda: Constraint.from_schema(params, name=name))
+    constraint = schema_constraint(params, f"tools.{index}.function.parameters", name)
     return Reply("named", name), constraint, tools_prompt(tools, name)
 
 

@@ -5,6 +5,8 @@ official SDK's ``parse()`` works against the server."""
 
 from __future__ import annotations
 
+import json
+
 import openai
 import pytest
 from pydantic import BaseModel
@@ -28,9 +30,19 @@ def json_schema(schema=None, **extra) -> dict:
             "json_schema": {"name": "answer", "schema": schema or SCHEMA, **extra}}
 
 
+def nested(depth: int) -> dict:
+    """A schema of arrays of arrays... ``depth`` levels deep."""
+    schema: dict = {}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 async def refused(client, url: str, body: dict, backend, path: str = CHAT) -> dict:
     """POST ``body``; assert a 400 in the OpenAI shape and no engine call; the error."""
-    r = await client.post(url + path, json=body)
+    # json.dumps escapes a lone surrogate (httpx's own encoding cannot send one).
+    r = await client.post(url + path, content=json.dumps(body),
+                          headers={"content-type": "application/json"})
     assert r.status_code == 400, r.text
     err = assert_openai_error(r.json(), 400)
     assert err["type"] == "invalid_request_error"
@@ -114,6 +126,8 @@ async def test_completions_take_response_format_and_vllm_fields(scripted_serve, 
     ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs.structural_tag"),
     ({"response_format": json_schema(), "guided_regex": "[0-9]+"}, "guided_regex"),
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs.choice"),
+    ({"response_format": json_schema(nested(100))}, "response_format.json_schema.schema"),
+    ({"guided_json": {"enum": ["\ud800"]}}, "guided_json"),  # a lone surrogate
 ])
 async def test_bad_or_doubled_constraints_are_400_without_an_engine_call(
         scripted_serve, client, fields, param):
