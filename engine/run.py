@@ -95,11 +95,7 @@ async def solve_choices(strategy: Solver, task: Task, backend: Backend, *, n: in
     Example:
         >>> a, b = await solve_choices(CoT(), task, backend, n=2, budget=Budget(max_calls=4))
     """
-    params = params or SamplingParams()
-    final_params = None
-    if final_constraint is not None:
-        final_params = params.but(temperature=0.0, n=1, constraint=final_constraint)
-        params = params.but(logprobs=False, top_logprobs=0)
+    params, final_params = split_params(params or SamplingParams(), final_constraint)
     root = Context(backend, task=task, budget=budget, params=params, verifier=verifier,
                    loop_detector=loop_detector, loop_policy=loop_policy)
     ids = trace_ids or [task.id if n == 1 else f"{task.id}/{i}" for i in range(n)]
@@ -112,11 +108,7 @@ async def solve_choices(strategy: Solver, task: Task, backend: Backend, *, n: in
                         final_sink=final_sink(i) if final_sink else None)
         t0 = time.monotonic()
         try:
-            if final_params is None:
-                trace.attempt = await strategy.solve(task, ctx)
-            else:
-                solution = await strategy.solve(task, ctx.inner())
-                trace.attempt = await conform(task, solution, ctx, final_params)
+            trace.attempt = await solve_shaped(strategy, task, ctx, final_params)
         except BudgetExhausted as exc:
             if on_exhausted == "raise":
                 raise
@@ -129,6 +121,28 @@ async def solve_choices(strategy: Solver, task: Task, backend: Backend, *, n: in
     for trace in traces:
         trace.usage = root.spent
     return traces
+
+
+def split_params(params: SamplingParams, final_constraint: Constraint | None,
+                 ) -> tuple[SamplingParams, SamplingParams | None]:
+    """The strategy's params and, with a final constraint, the shaping call's.
+
+    The shaping call is greedy, one sample, constrained, with ``params``'
+    logprobs; the strategy's calls then ask for no logprobs of their own.
+    """
+    if final_constraint is None:
+        return params, None
+    return (params.but(logprobs=False, top_logprobs=0),
+            params.but(temperature=0.0, n=1, constraint=final_constraint))
+
+
+async def solve_shaped(strategy: Solver, task: Task, ctx: Context,
+                       final: SamplingParams | None) -> Attempt:
+    """The strategy's attempt; with ``final`` params, shaped by :func:`conform`."""
+    if final is None:
+        return await strategy.solve(task, ctx)
+    solution = await strategy.solve(task, ctx.inner())  # steps: reasoning, not the answer
+    return await conform(task, solution, ctx, final)
 
 
 def format_instruction(constraint: Constraint) -> str:
