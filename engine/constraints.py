@@ -64,9 +64,6 @@ class Constraint(BaseModel):
     grammar: str | None = Field(None, description="an EBNF/Lark grammar, vLLM's syntax")
     # The name a response_format json_schema carried (OpenAI requires one upstream).
     name: str = "output"
-    # JSON without optional whitespace (vLLM's disable_any_whitespace): strategies'
-    # internal steps ask for it, since a small model otherwise pads with newlines.
-    compact: bool = False
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Constraint:
@@ -80,8 +77,8 @@ class Constraint(BaseModel):
     # -- constructors -------------------------------------------------------------------
 
     @classmethod
-    def from_schema(cls, schema: dict[str, Any] | type[BaseModel], *, name: str | None = None,
-                    compact: bool = False) -> Constraint:
+    def from_schema(cls, schema: dict[str, Any] | type[BaseModel], *, name: str | None = None
+                    ) -> Constraint:
         """Samples are JSON valid under ``schema`` (a JSON Schema dict or a pydantic model)."""
         if isinstance(schema, type) and issubclass(schema, BaseModel):
             name = name or schema.__name__
@@ -89,7 +86,7 @@ class Constraint(BaseModel):
         if not isinstance(schema, dict):
             raise InvalidRequestError("a JSON schema must be an object", param="json_schema")
         check_schema(schema)
-        return cls(json_schema=schema, name=name or "output", compact=compact)
+        return cls(json_schema=schema, name=name or "output")
 
     @classmethod
     def any_json(cls) -> Constraint:

@@ -18,6 +18,15 @@ reservation is replaced by its real usage. Calls therefore never exceed
 ``max_calls``, and tokens exceed ``max_tokens`` only by the error of the
 backends' prompt counts (zero for vLLM, whose count is its tokenizer's).
 
+Seeds: a request's ``seed`` is not sent unchanged to every call, or the
+identical calls of a strategy (best-of-n re-solves, committee members, the n
+choices of a request) would all return the same sample on a backend that
+honours seeds. Each call gets its own seed, derived from the request's seed
+and the call's place in the run: its strategy, step and prompt, and how many
+identical calls came before it (``derive_seed``). Nothing depends on timing,
+so a rerun with the same seed makes the same calls with the same seeds; among
+concurrent calls with identical prompts only the order can differ.
+
 Example:
     >>> ctx = Context(backend, budget=Budget(max_calls=8))
     >>> gen = await ctx.generate([Message(role="user", content="2+2?")],
@@ -28,7 +37,9 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
@@ -86,6 +97,7 @@ class Context:
         self.usage = Usage()
         self._reserved = Usage()  # worst cases of the calls in flight (root only)
         self.started = time.monotonic()
+        self._seen: Counter[str] = Counter()  # calls per place, for their seeds (root only)
         self._shared = self  # inner contexts account into the root
 
     def inner(self) -> Context:
@@ -201,7 +213,7 @@ class Context:
         Raises:
             BudgetExhausted: the call does not fit the remaining budget.
         """
-        params = params or self.params
+        params = self._seeded(params or self.params, messages, strategy, step)
         n = params.n if n is None else n
         params, hold = self._admit(messages, params, n)
         t0 = time.monotonic()
@@ -262,7 +274,7 @@ class Context:
             turn = [*messages, Message(role="assistant", content=c.text),
                     Message(role="user", content=LOOP_NUDGE)]
             try:
-                p, hold = self._admit(turn, params, 1)
+                p, hold = self._admit(turn, self._seeded(params, turn, strategy, "loop_retry"), 1)
             except BudgetExhausted:
                 return c
             out = None
@@ -281,6 +293,17 @@ class Context:
             completions=retried, usage=used, data={"nudge": LOOP_NUDGE}))
         return out
 
+    def _seeded(self, params: SamplingParams, messages: Sequence[Message], strategy: str,
+                step: str) -> SamplingParams:
+        """``params`` with this call's own seed, when the run has one."""
+        if params.seed is None:
+            return params
+        place = derive_place(messages, strategy, step)
+        seen = self._shared._seen
+        occurrence = seen[place]
+        seen[place] += 1
+        return params.but(seed=derive_seed(params.seed, place, occurrence))
+
     # -- events -------------------------------------------------------------------------
 
     def record(self, event: TraceEvent) -> str:
@@ -296,3 +319,22 @@ class Context:
         """Record a strategy step (a vote, a critique's scores, a chosen candidate)."""
         return self.record(TraceEvent(kind="step", step=step, strategy=strategy,
                                       parents=list(parents), text=text, data=data))
+
+
+def derive_place(messages: Sequence[Message], strategy: str, step: str) -> str:
+    """A digest of what makes a call what it is: strategy, step and prompt."""
+    h = hashlib.sha256(f"{strategy}\x00{step}".encode())
+    for m in messages:
+        h.update(f"\x00{m.role}\x00{m.content}".encode())
+    return h.hexdigest()
+
+
+def derive_seed(seed: int, place: str, occurrence: int) -> int:
+    """A call's seed: a 63-bit hash of the run's seed, the call's place and occurrence.
+
+    Example:
+        >>> derive_seed(1234, "ab", 0) != derive_seed(1234, "ab", 1)
+        True
+    """
+    digest = hashlib.sha256(f"{seed}\x00{place}\x00{occurrence}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1

@@ -127,7 +127,7 @@ class EvalConfig(BaseModel):
         "retry", description="what a CUSUM loop alarm does: off | truncate | retry (the "
         "server's default for strategies)")
     concurrency: int = Field(64, ge=1)
-    backend: Literal["vllm", "openai"] = "vllm"
+    backend: Literal["vllm", "openai", "vllm-server"] = "vllm"
     base_url: list[str] = Field(default_factory=list)
     dtype: str = Field("auto", description="in-process engine dtype; auto: what the CPU "
                        "computes natively (not part of the run's identity)")

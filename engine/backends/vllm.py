@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from refinery.engine.constraints import ALL_KINDS, Constraint
 from refinery.engine.errors import (
     BackendError,
     BackendUnavailableError,
@@ -44,7 +45,14 @@ from refinery.engine.errors import (
 from refinery.engine.hardware import DtypeChoice, choose_dtype
 from refinery.engine.loops import LoopDetector, WatchedText
 from refinery.engine.models import DEFAULT_MODEL, resolve_model
-from refinery.engine.types import Completion, Delta, Message, SamplingParams
+from refinery.engine.types import (
+    Completion,
+    Delta,
+    Message,
+    SamplingParams,
+    TokenLogprob,
+    TopLogprob,
+)
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +80,10 @@ class VLLMConfig:
     # batched generation ran 1.6x faster on both cores (bench/cpu_threads.py).
     # None: the env var if set, else every CPU this process may run on.
     cpu_threads: str | None = None
+    # Constrained JSON without optional whitespace. vLLM sets this per engine, not per
+    # request. A small model left free pads JSON with newlines, sometimes until
+    # max_tokens; compact JSON is the same JSON in fewer tokens.
+    compact_json: bool = True
     extra: tuple[tuple[str, Any], ...] = ()
 
 
@@ -87,7 +99,17 @@ def engine_kwargs(path: str, config: VLLMConfig, dtype: str) -> dict[str, Any]:
             "enable_prefix_caching": config.enable_prefix_caching,
             "max_num_seqs": config.max_num_seqs,
             "max_num_batched_tokens": config.max_num_batched_tokens,
+            "structured_outputs_config": _structured_config(config.compact_json),
             "disable_log_stats": True, **dict(config.extra)}
+
+
+def _structured_config(compact_json: bool) -> Any:
+    from vllm.config import StructuredOutputsConfig
+
+    # vLLM allows compact JSON only with a named guidance backend ("auto" is refused).
+    # xgrammar is what "auto" picks first for every kind refinery sends.
+    return StructuredOutputsConfig(backend="xgrammar" if compact_json else "auto",
+                                   disable_any_whitespace=compact_json)
 
 
 def all_cpus() -> str:
@@ -96,7 +118,13 @@ def all_cpus() -> str:
 
 
 class VLLMBackend:
-    """Backend on an in-process vLLM ``AsyncLLM`` engine. Build it with ``create``."""
+    """Backend on an in-process vLLM ``AsyncLLM`` engine. Build it with ``create``.
+
+    Every constraint kind is enforced by vLLM's structured outputs (xgrammar, or
+    the engine's own choice of guidance backend), on CPU as on GPU.
+    """
+
+    structured_outputs = ALL_KINDS
 
     def __init__(self, engine: Any, tokenizer: Any, model: str, max_model_len: int,
                  is_cpu: bool, dtype: DtypeChoice | None = None):
@@ -185,7 +213,8 @@ class VLLMBackend:
         try:
             return VSP(n=n, temperature=params.temperature, top_p=params.top_p,
                        max_tokens=min(params.max_tokens, room), stop=params.stop or None,
-                       seed=seed, logprobs=0 if params.logprobs else None, output_kind=kind)
+                       seed=seed, logprobs=params.top_logprobs if params.logprobs else None,
+                       structured_outputs=structured(params.constraint), output_kind=kind)
         except (VLLMClientError, ValueError, TypeError) as exc:
             # vLLM's own request checks (an empty stop string, a seed over 64 bits):
             # the client's fault, so a 400, not an unhandled 500.
@@ -216,9 +245,15 @@ class VLLMBackend:
         async for out in self._run(ids, sp):
             final = out
         assert final is not None
-        return [self._completion(o.text, len(ids), len(o.token_ids), o.finish_reason,
-                                 o.cumulative_logprob if params.logprobs else None)
-                for o in sorted(final.outputs, key=lambda o: o.index)]
+        outs = sorted(final.outputs, key=lambda o: o.index)
+        comps = [self._completion(o.text, len(ids), len(o.token_ids), o.finish_reason,
+                                  o.cumulative_logprob if params.logprobs else None)
+                 for o in outs]
+        if params.logprobs:
+            for comp, o in zip(comps, outs, strict=True):
+                comp.token_logprobs = token_logprobs(o.token_ids, o.logprobs,
+                                                     params.top_logprobs)
+        return comps
 
     async def _one_monitored(self, ids: list[int], params: SamplingParams,
                              detector: LoopDetector) -> Completion:
@@ -238,16 +273,19 @@ class VLLMBackend:
 
         sp = self._sampling(params, 1, len(ids), RequestOutputKind.DELTA)
         watch = WatchedText(detector)
-        n_tokens, logprob, finish = 0, 0.0, None
+        n_tokens, logprob, finish, tokens = 0, 0.0, None, []
         async with contextlib.aclosing(self._run(ids, sp)) as outs:
             async for out in outs:
                 o = out.outputs[0]
                 n_tokens += len(o.token_ids)
                 if o.cumulative_logprob is not None:
                     logprob = o.cumulative_logprob
+                lps = (token_logprobs(o.token_ids, o.logprobs, params.top_logprobs)
+                       if params.logprobs else None)
+                tokens += lps or []
                 kept, looped = watch.add(o.text)
-                if kept:
-                    yield Delta(text=kept)
+                if kept or lps:
+                    yield Delta(text=kept, logprobs=lps)
                 if looped:  # closing the generator aborts the vLLM request (see _run)
                     finish = "loop"
                     break
@@ -255,6 +293,7 @@ class VLLMBackend:
                     finish = o.finish_reason
         comp = self._completion(watch.text, len(ids), n_tokens, finish or "abort",
                                 logprob if params.logprobs else None, watch.onset)
+        comp.token_logprobs = tokens if params.logprobs else None
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
     async def _run(self, ids: list[int], sp: Any) -> AsyncIterator[Any]:
@@ -339,6 +378,46 @@ class VLLMBackend:
             return
         handler.cancel()
         await asyncio.wait([handler])  # wait, not await: our own cancellation stays ours
+
+
+def structured(constraint: Constraint | None) -> Any:
+    """vLLM's ``StructuredOutputsParams`` for ``constraint`` (None for a free sample)."""
+    if constraint is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    c = constraint
+    return StructuredOutputsParams(
+        json=c.json_schema, json_object=c.json_object or None, regex=c.regex,
+        choice=list(c.choice) if c.choice is not None else None, grammar=c.grammar)
+
+
+def token_logprobs(token_ids: Sequence[int], logprobs: Any, top: int) -> list[TokenLogprob]:
+    """vLLM's per-position ``{token_id: Logprob}`` dicts in OpenAI's shape.
+
+    Each dict holds the sampled token and the ``top`` most likely ones (ranked
+    from 1); the sampled token may be among them or extra.
+    """
+    out = []
+    for tid, ranked in zip(token_ids, logprobs or [], strict=False):
+        sampled = ranked[tid]
+        alts = sorted((lp for lp in ranked.values() if lp.rank is not None and lp.rank <= top),
+                      key=lambda lp: lp.rank)
+        out.append(TokenLogprob(
+            token=_text(sampled), logprob=_finite(sampled.logprob),
+            bytes=list(_text(sampled).encode()),
+            top_logprobs=[TopLogprob(token=_text(a), logprob=_finite(a.logprob),
+                                     bytes=list(_text(a).encode())) for a in alts]))
+    return out
+
+
+def _text(lp: Any) -> str:
+    return lp.decoded_token or ""
+
+
+def _finite(x: float) -> float:
+    # -inf (a token the constraint masked) is not valid JSON; OpenAI clamps likewise.
+    return max(x, -9999.0)
 
 
 def _engine_processes(engine: Any) -> list[Any]:

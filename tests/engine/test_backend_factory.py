@@ -38,10 +38,21 @@ async def test_openai_spec_builds_the_upstream_adapter(monkeypatch) -> None:
                                         max_concurrency=3))
     try:
         assert isinstance(be, OpenAIBackend) and be.model == "m"
+        assert be.structured_outputs == {"json", "json_object"}
     finally:
         await be.aclose()
     with pytest.raises(InvalidRequestError, match="--base-url"):
         await make_backend(BackendSpec("m", BackendKind.openai))
+
+
+async def test_a_vllm_server_upstream_takes_every_constraint_kind() -> None:
+    be = await make_backend(BackendSpec("m", BackendKind("vllm-server"),
+                                        ("http://127.0.0.1:9/v1",)))
+    try:
+        assert isinstance(be, OpenAIBackend)
+        assert be.structured_outputs == {"json", "json_object", "regex", "choice", "grammar"}
+    finally:
+        await be.aclose()
 
 
 @pytest.mark.parametrize(("exc", "status"), [

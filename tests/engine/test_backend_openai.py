@@ -13,7 +13,9 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from refinery.engine.backends.openai import OpenAIBackend, UpstreamGuard
+from refinery.engine.constraints import Constraint, UnsupportedConstraintError
 from refinery.engine.errors import BackendUnavailableError, UnknownModelError
+from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.types import Message, SamplingParams
 from tests.conftest import free_port
@@ -133,6 +135,61 @@ async def test_against_vllm_openai_server(vllm_server):
         await OpenAIBackend("nope", vllm_server, max_retries=0).generate(
             Q, SamplingParams(max_tokens=4))
     await be.aclose()
+
+
+@pytest.mark.e2e
+async def test_constraints_and_logprobs_through_a_vllm_server(vllm_server):
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}},
+              "required": ["answer"], "additionalProperties": False}
+    as_openai = OpenAIBackend(DEFAULT_MODEL, vllm_server)  # response_format only
+    as_vllm = OpenAIBackend(DEFAULT_MODEL, vllm_server, upstream="vllm")
+    json_c = Constraint.from_schema(schema, name="sum")
+    for be in (as_openai, as_vllm):
+        outs = await be.generate(Q, SamplingParams(max_tokens=64, n=3, constraint=json_c))
+        assert all(json_c.accepts(o.text) for o in outs), [o.text for o in outs]
+    regex = Constraint.from_regex(r"The answer is [0-9]+\.")
+    with pytest.raises(UnsupportedConstraintError, match="regex"):
+        await as_openai.generate(Q, SamplingParams(max_tokens=16, constraint=regex))
+    [r] = await as_vllm.generate(Q, SamplingParams(max_tokens=16, constraint=regex))
+    assert regex.accepts(r.text), r.text
+    choice = Constraint.one_of(["four", "five"])
+    streamed = "".join([d.text async for d in as_vllm.stream(
+        Q, SamplingParams(max_tokens=8, constraint=choice))])
+    assert streamed in ("four", "five")
+    lp = SamplingParams(temperature=0, max_tokens=8, logprobs=True, top_logprobs=2)
+    [c] = await as_openai.generate(Q, lp)
+    assert len(c.token_logprobs) == c.completion_tokens
+    assert all(len(t.top_logprobs) == 2 for t in c.token_logprobs)
+    # the end-of-turn token is scored too, as vLLM's server reports it
+    assert "".join(t.token for t in c.token_logprobs).startswith(c.text)
+    last = None
+    async for d in as_openai.stream(Q, lp):
+        last = d
+    assert [t.token for t in last.completion.token_logprobs] == \
+        [t.token for t in c.token_logprobs]
+    await as_openai.aclose()
+    await as_vllm.aclose()
+
+
+async def test_an_unsupported_constraint_sends_nothing():
+    hits = []
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat():
+        hits.append(1)
+        return JSONResponse(ok_body())
+
+    with ThreadedApp(app) as url:
+        be = OpenAIBackend("m", url)
+        c = Constraint.from_grammar('root ::= "a"')
+        with pytest.raises(UnsupportedConstraintError, match="grammar"):
+            await be.generate(Q, SamplingParams(max_tokens=4, constraint=c))
+        with pytest.raises(UnsupportedConstraintError):
+            await be.generate(Q, SamplingParams(max_tokens=4, constraint=c),
+                              monitor=CusumLoopDetector())
+        await be.aclose()
+    assert hits == [] and be.healthy
 
 
 # -- storms: ride them out, honour Retry-After, never amplify ------------------------------
