@@ -141,8 +141,9 @@ class StructuredOutputs(OpenAIBase):
     grammar: str | None = None
     json_object: bool | None = None
     structural_tag: Any = Field(None, description="Refused: not supported here.")
-    disable_any_whitespace: bool = Field(False, description="JSON without optional "
-                                         "whitespace.")
+    disable_any_whitespace: bool | None = Field(
+        None, description="Accepted and ignored: whether JSON is compact is the engine's "
+        "setting (VLLMBackend: compact by default).")
 
     _text = field_validator("json_", "regex", "choice", "grammar")(unicode_text)
 

@@ -93,10 +93,7 @@ def output_of(req: ChatCompletionRequest | CompletionRequest) -> Output:
             "only one output constraint per request; got " + ", ".join(p for p, _ in found),
             param=found[1][0])
     logprobs, top = logprob_fields(req)
-    compact = bool(req.structured_outputs and req.structured_outputs.disable_any_whitespace)
     constraint = found[0][1] if found else None
-    if constraint is not None and compact and constraint.kind in ("json", "json_object"):
-        constraint = constraint.model_copy(update={"compact": True})
     return Output(constraint=constraint, logprobs=logprobs, top_logprobs=top,
                   reply=Reply(reply.tools, reply.function, logprobs), tools_prompt=prompt)
 
