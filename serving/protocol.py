@@ -12,7 +12,14 @@ import time
 from collections.abc import Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 from refinery.engine.types import TokenLogprob
 
@@ -264,9 +271,10 @@ class ResponseMessage(BaseModel):
     reasoning_content: str | None = None
 
     @model_serializer(mode="wrap")
-    def _always_content(self, handler: Any) -> dict[str, Any]:
+    def _always_content(self, handler: SerializerFunctionWrapHandler):
         # content and refusal are always sent, null when absent (a tool call's
         # content is null), as OpenAI does; responses are dumped with exclude_none.
+        # No return annotation: with one, the documented schema would lose the fields.
         data = handler(self)
         data.setdefault("content", None)
         data.setdefault("refusal", None)
