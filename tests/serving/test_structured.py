@@ -205,3 +205,11 @@ async def test_sdk_parse_with_a_pydantic_model(scripted_serve, model):
     sent = constraints(backend)[-1]
     assert sent.name == "Result" and sent.json_schema["required"] == ["answer"]
     assert sent.json_schema["additionalProperties"] is False  # the SDK's strict schema
+
+
+async def test_the_documented_message_schema_keeps_its_fields(scripted_serve, client):
+    url, _ = await scripted_serve()
+    schemas = (await client.get(url + "/openapi.json")).json()["components"]["schemas"]
+    message = next(v for k, v in schemas.items() if k.startswith("ResponseMessage"))
+    assert {"content", "refusal", "tool_calls", "reasoning_content"} <= set(
+        message["properties"])
