@@ -49,13 +49,15 @@ from refinery.engine.backends.base import Backend
 from refinery.engine.errors import BudgetExhausted
 from refinery.engine.loops import LoopDetector
 from refinery.engine.trace import StepKind, Trace, TraceEvent
-from refinery.engine.types import Completion, Message, SamplingParams, Task, Usage
+from refinery.engine.types import Completion, Delta, Message, SamplingParams, Task, Usage
 
 LoopPolicy = Literal["off", "truncate", "retry"]
 LOOP_NUDGE = "That went in circles. Stop repeating yourself and try a different approach."
 
 EventListener = Callable[[TraceEvent], None]
-TextSink = Callable[[str], Awaitable[None]]
+# Gets the final answer as it is generated: each Delta's text, and its tokens'
+# logprobs when the call asked for them.
+DeltaSink = Callable[[Delta], Awaitable[None]]
 
 
 class Budget(BaseModel):
@@ -81,7 +83,7 @@ class Context:
                  loop_detector: LoopDetector | None = None,
                  loop_policy: LoopPolicy = "retry",
                  verifier: Any = None, listener: EventListener | None = None,
-                 final_sink: TextSink | None = None):
+                 final_sink: DeltaSink | None = None):
         self.backend = backend
         self.task = task
         self.budget = budget or Budget()
@@ -247,8 +249,8 @@ class Context:
         stream = self.backend.stream(messages, params, monitor=self._monitor(params))
         try:
             async for delta in stream:
-                if delta.text:
-                    await self.final_sink(delta.text)
+                if delta.text or delta.logprobs:
+                    await self.final_sink(delta)
                 last = delta
         finally:
             # Cancelled while awaiting the sink, the stream would otherwise stay

@@ -5,6 +5,13 @@ written once; an adapter builds the endpoint's own response, chunks and
 usage chunk. Chat opens every choice with a role chunk and shows strategy
 steps as ``reasoning_content``; completions have neither.
 
+The reply's shape (``ResponseHead.reply``): chat logprobs are
+``{"content": [token...]}`` in OpenAI's shape, completions' the legacy
+parallel lists with ``text_offset``; a forced named tool call is
+``message.tool_calls`` (content null, finish ``stop``), streamed as argument
+deltas; ``"required"`` calls are parsed from the generated array (finish
+``tool_calls``) and sent whole at the end of a stream.
+
 Example:
     >>> head = ResponseHead.new(CHAT, model="ssr@my-model")
     >>> CHAT.delta(head, 0, "Hello").model_dump(exclude_none=True)["choices"][0]["delta"]
@@ -13,28 +20,41 @@ Example:
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
 from pydantic import BaseModel
 
+from refinery.engine.run import answer_completion
 from refinery.engine.trace import Trace
+from refinery.engine.types import TokenLogprob, TopLogprob
 from refinery.serving.protocol import (
     ChatChoice,
     ChatCompletionChunk,
     ChatCompletionResponse,
+    ChoiceLogprobs,
     ChunkChoice,
     CompletionChoice,
     CompletionChunk,
+    CompletionLogprobs,
     CompletionResponse,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
     RefineryInfo,
     ResponseMessage,
+    ToolCall,
     UsageInfo,
 )
 from refinery.serving.service import Outcome, Prepared, trace_summary
+from refinery.serving.structured import Reply
+
+MIN_LOGPROB = -9999.0  # what OpenAI and vLLM send for -inf (JSON has no infinity)
 
 
 def new_id(prefix: str) -> str:
@@ -42,24 +62,65 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
+def new_call_id() -> str:
+    """A tool call id, ``call_<24 hex>`` as OpenAI's."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 @dataclass(frozen=True)
 class ResponseHead:
-    """What every chunk and the response of one request share: id, time, model."""
+    """What every chunk and the response of one request share: id, time, model, reply."""
 
     id: str
     created: int
     model: str
+    reply: Reply = field(default_factory=Reply)
 
     @classmethod
-    def new(cls, endpoint: Endpoint, model: str) -> ResponseHead:
-        return cls(id=new_id(endpoint.id_prefix), created=int(time.time()), model=model)
+    def new(cls, endpoint: Endpoint, model: str, reply: Reply | None = None) -> ResponseHead:
+        return cls(id=new_id(endpoint.id_prefix), created=int(time.time()), model=model,
+                   reply=reply or Reply())
 
 
-def answer(trace: Trace) -> tuple[str, str]:
-    """A choice's final text and finish reason."""
+@dataclass(frozen=True)
+class Answer:
+    """A choice's result: text, finish reason, logprobs (if asked and known), reasoning."""
+
+    text: str
+    finish_reason: str = "stop"
+    logprobs: list[TokenLogprob] | None = None
+    reasoning: str | None = None  # a shaped answer's solution (engine.run.conform)
+
+
+def answer(trace: Trace, logprobs: bool = False) -> Answer:
+    """A choice's answer; its logprobs are those of the sample that became it, if any."""
     if trace.attempt is None:
-        return "", "stop"
-    return trace.attempt.text, trace.attempt.finish_reason
+        return Answer("")
+    comp = answer_completion(trace) if logprobs else None
+    return Answer(trace.attempt.text, trace.attempt.finish_reason,
+                  comp.token_logprobs if comp is not None else None,
+                  trace.attempt.metadata.get("reasoning"))
+
+
+def finite(tokens: list[TokenLogprob]) -> list[TokenLogprob]:
+    """``tokens`` with -inf logprobs (and alternatives') raised to :data:`MIN_LOGPROB`."""
+    def fix(t: TopLogprob) -> dict:
+        return {"logprob": max(t.logprob, MIN_LOGPROB)}
+    return [t.model_copy(update={**fix(t), "top_logprobs": [
+        a.model_copy(update=fix(a)) for a in t.top_logprobs]}) for t in tokens]
+
+
+def legacy_logprobs(tokens: list[TokenLogprob], offset: int) -> CompletionLogprobs:
+    """Completions' logprobs: parallel lists; ``offset`` is the text before ``tokens``."""
+    out = CompletionLogprobs()
+    for t in finite(tokens):
+        out.tokens.append(t.token)
+        out.token_logprobs.append(t.logprob)
+        out.top_logprobs.append({t.token: t.logprob,
+                                 **{a.token: a.logprob for a in t.top_logprobs}})
+        out.text_offset.append(offset)
+        offset += len(t.token)
+    return out
 
 
 def usage_info(outcome: Outcome) -> UsageInfo:
@@ -93,8 +154,21 @@ class Endpoint:
         """A strategy step of choice ``i`` as a chunk, if the endpoint shows steps."""
         return None
 
-    def delta(self, head: ResponseHead, i: int, text: str) -> BaseModel:
+    def delta(self, head: ResponseHead, i: int, text: str,
+              logprobs: list[TokenLogprob] | None = None, offset: int = 0) -> BaseModel | None:
+        """Answer text of choice ``i`` as a chunk (None: held back until the end).
+
+        ``offset`` is how much of the choice's text was streamed before this piece.
+        """
         raise NotImplementedError
+
+    def closing(self, head: ResponseHead, i: int, ans: Answer,
+                sent: int) -> Iterator[BaseModel]:
+        """The last chunks of choice ``i``: its text if none was streamed, the finish."""
+        if ans.text and not sent:
+            if (chunk := self.delta(head, i, ans.text, ans.logprobs)) is not None:
+                yield chunk
+        yield self.finish(head, i, ans.finish_reason)
 
     def finish(self, head: ResponseHead, i: int, reason: str) -> BaseModel:
         raise NotImplementedError
@@ -107,16 +181,38 @@ class Endpoint:
         raise NotImplementedError
 
 
+def required_calls(text: str) -> list[ToolCall] | None:
+    """The calls of a ``tool_choice: "required"`` answer (None: not a complete array)."""
+    try:
+        items = json.loads(text)
+        return [ToolCall(id=new_call_id(), function=FunctionCall(
+            name=item["name"], arguments=json.dumps(item["parameters"], ensure_ascii=False)))
+            for item in items]
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def tool_calls(reply: Reply, ans: Answer) -> list[ToolCall] | None:
+    """A choice's tool calls (None: a text reply, or calls that did not parse)."""
+    if reply.tools == "named" and reply.function is not None:
+        return [ToolCall(id=new_call_id(),
+                         function=FunctionCall(name=reply.function, arguments=ans.text))]
+    if reply.tools == "required":
+        return required_calls(ans.text)
+    return None
+
+
 class ChatEndpoint(Endpoint):
     """``/v1/chat/completions``."""
 
     name = "chat"
     id_prefix = "chatcmpl"
 
-    def chunk(self, head: ResponseHead, i: int, delta: DeltaMessage,
-              finish: str | None = None) -> ChatCompletionChunk:
+    def chunk(self, head: ResponseHead, i: int, delta: DeltaMessage, finish: str | None = None,
+              logprobs: list[TokenLogprob] | None = None) -> ChatCompletionChunk:
+        lp = ChoiceLogprobs(content=finite(logprobs)) if logprobs is not None else None
         return ChatCompletionChunk(id=head.id, created=head.created, model=head.model,
-                                   choices=[ChunkChoice(index=i, delta=delta,
+                                   choices=[ChunkChoice(index=i, delta=delta, logprobs=lp,
                                                         finish_reason=finish)])
 
     def opening(self, head: ResponseHead, i: int) -> ChatCompletionChunk:
@@ -125,8 +221,37 @@ class ChatEndpoint(Endpoint):
     def reasoning(self, head: ResponseHead, i: int, text: str) -> ChatCompletionChunk:
         return self.chunk(head, i, DeltaMessage(reasoning_content=text))
 
-    def delta(self, head: ResponseHead, i: int, text: str) -> ChatCompletionChunk:
-        return self.chunk(head, i, DeltaMessage(content=text))
+    def delta(self, head: ResponseHead, i: int, text: str,
+              logprobs: list[TokenLogprob] | None = None,
+              offset: int = 0) -> ChatCompletionChunk | None:
+        reply = head.reply
+        if reply.tools == "required":
+            return None  # the array is parsed whole, at the end
+        if reply.tools == "named":
+            first = offset == 0  # the first piece opens the call: id, type, name
+            call = DeltaToolCall(index=0, id=new_call_id() if first else None,
+                                 type="function" if first else None,
+                                 function=DeltaFunctionCall(
+                                     name=reply.function if first else None, arguments=text))
+            return self.chunk(head, i, DeltaMessage(tool_calls=[call]), logprobs=logprobs)
+        return self.chunk(head, i, DeltaMessage(content=text), logprobs=logprobs)
+
+    def closing(self, head: ResponseHead, i: int, ans: Answer,
+                sent: int) -> Iterator[ChatCompletionChunk]:
+        if head.reply.tools != "required":
+            yield from super().closing(head, i, ans, sent)
+            return
+        calls = required_calls(ans.text)
+        if calls is None:  # not a complete array (cut by max_tokens): the text as it is
+            yield self.chunk(head, i, DeltaMessage(content=ans.text), logprobs=ans.logprobs)
+            yield self.finish(head, i, ans.finish_reason)
+            return
+        yield self.chunk(head, i, DeltaMessage(tool_calls=[
+            DeltaToolCall(index=j, id=c.id, type="function", function=DeltaFunctionCall(
+                name=c.function.name, arguments=c.function.arguments))
+            for j, c in enumerate(calls)]), logprobs=ans.logprobs)
+        yield self.finish(head, i, "tool_calls" if ans.finish_reason == "stop"
+                          else ans.finish_reason)
 
     def finish(self, head: ResponseHead, i: int, reason: str) -> ChatCompletionChunk:
         return self.chunk(head, i, DeltaMessage(), reason)
@@ -136,11 +261,22 @@ class ChatEndpoint(Endpoint):
         return ChatCompletionChunk(id=head.id, created=head.created, model=head.model,
                                    choices=[], usage=usage, refinery=info)
 
+    def choice(self, head: ResponseHead, i: int, ans: Answer) -> ChatChoice:
+        """One choice of the whole response: text, or the tool calls the reply asks for."""
+        calls = tool_calls(head.reply, ans)
+        finish = ans.finish_reason
+        if calls is not None and head.reply.tools == "required" and finish == "stop":
+            finish = "tool_calls"  # OpenAI and vLLM; a named call finishes with "stop"
+        message = ResponseMessage(content=None if calls else ans.text, tool_calls=calls,
+                                  reasoning_content=ans.reasoning)
+        logprobs = (ChoiceLogprobs(content=finite(ans.logprobs))
+                    if ans.logprobs is not None else None)
+        return ChatChoice(index=i, message=message, logprobs=logprobs, finish_reason=finish)
+
     def response(self, head: ResponseHead, outcome: Outcome,
                  info: RefineryInfo) -> ChatCompletionResponse:
-        choices = [ChatChoice(index=i, message=ResponseMessage(content=text),
-                              finish_reason=reason)
-                   for i, (text, reason) in enumerate(map(answer, outcome.traces))]
+        choices = [self.choice(head, i, answer(t, head.reply.logprobs))
+                   for i, t in enumerate(outcome.traces)]
         return ChatCompletionResponse(id=head.id, created=head.created, model=head.model,
                                       choices=choices, usage=usage_info(outcome),
                                       refinery=info)
@@ -152,14 +288,16 @@ class CompletionEndpoint(Endpoint):
     name = "completion"
     id_prefix = "cmpl"
 
-    def chunk(self, head: ResponseHead, i: int, text: str,
-              finish: str | None = None) -> CompletionChunk:
+    def chunk(self, head: ResponseHead, i: int, text: str, finish: str | None = None,
+              logprobs: CompletionLogprobs | None = None) -> CompletionChunk:
         return CompletionChunk(id=head.id, created=head.created, model=head.model,
-                               choices=[CompletionChoice(index=i, text=text,
+                               choices=[CompletionChoice(index=i, text=text, logprobs=logprobs,
                                                          finish_reason=finish)])
 
-    def delta(self, head: ResponseHead, i: int, text: str) -> CompletionChunk:
-        return self.chunk(head, i, text)
+    def delta(self, head: ResponseHead, i: int, text: str,
+              logprobs: list[TokenLogprob] | None = None, offset: int = 0) -> CompletionChunk:
+        lp = legacy_logprobs(logprobs, offset) if logprobs is not None else None
+        return self.chunk(head, i, text, logprobs=lp)
 
     def finish(self, head: ResponseHead, i: int, reason: str) -> CompletionChunk:
         return self.chunk(head, i, "", reason)
@@ -171,8 +309,12 @@ class CompletionEndpoint(Endpoint):
 
     def response(self, head: ResponseHead, outcome: Outcome,
                  info: RefineryInfo) -> CompletionResponse:
-        choices = [CompletionChoice(index=i, text=text, finish_reason=reason)
-                   for i, (text, reason) in enumerate(map(answer, outcome.traces))]
+        choices = []
+        for i, trace in enumerate(outcome.traces):
+            ans = answer(trace, head.reply.logprobs)
+            lp = legacy_logprobs(ans.logprobs, 0) if ans.logprobs is not None else None
+            choices.append(CompletionChoice(index=i, text=ans.text, logprobs=lp,
+                                            finish_reason=ans.finish_reason))
         return CompletionResponse(id=head.id, created=head.created, model=head.model,
                                   choices=choices, usage=usage_info(outcome), refinery=info)
 

@@ -2,26 +2,55 @@
 
 Fields follow the OpenAI API's order. Unknown request fields are accepted and
 ignored, as vLLM does. refinery's own extensions sit in one marked block per
-model, each with a description.
+model, each with a description; so do the fields of vLLM's server we accept
+(``structured_outputs`` and the older ``guided_*``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
+
+from refinery.engine.types import TokenLogprob
+
+
+def strings(value: Any) -> Iterator[str]:
+    """Every string in ``value``: itself, or nested in lists and objects (keys too).
+
+    Iterative: a schema nested a thousand levels deep is no RecursionError here.
+    """
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            yield item
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
 
 
 def unicode_text(value: Any) -> Any:
-    """Refuse strings (alone or in a list) that are not encodable text.
+    """Refuse strings (alone, in a list, or in a JSON object) that are not encodable text.
 
     JSON allows ``"\\ud800"``, which decodes to a lone surrogate: text no
     tokenizer (nor any UTF-8 encoder) can take. Refused here, it is a 400
-    naming the field instead of a failure deep in the engine.
+    naming the field instead of a failure deep in the engine (a schema is
+    written into prompts and handed to the engine's grammar compiler).
     """
-    for text in value if isinstance(value, list) else [value]:
-        if isinstance(text, str) and not text.isascii():
+    for text in strings(value):
+        if not text.isascii():
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError as exc:
@@ -44,12 +73,86 @@ class ContentPart(OpenAIBase):
     _text = field_validator("text")(unicode_text)
 
 
+class FunctionCall(OpenAIBase):
+    name: str
+    arguments: str  # a JSON object, as a string
+
+    _text = field_validator("name", "arguments")(unicode_text)
+
+
+class ToolCall(OpenAIBase):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(OpenAIBase):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
-    _text = field_validator("content", "name")(unicode_text)
+    _text = field_validator("content", "name", "tool_call_id")(unicode_text)
+
+
+class FunctionDefinition(OpenAIBase):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments object
+    strict: bool | None = None
+
+    _text = field_validator("name", "description", "parameters")(unicode_text)
+
+
+class ChatTool(OpenAIBase):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(OpenAIBase):
+    name: str
+
+
+class NamedToolChoice(OpenAIBase):
+    """``tool_choice`` naming the one function the model must call."""
+
+    type: Literal["function"]
+    function: FunctionName
+
+
+class JsonSchemaFormat(OpenAIBase):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    name: str
+    description: str | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = Field(None, description="Accepted; the schema is always enforced.")
+
+    _text = field_validator("name", "json_schema")(unicode_text)
+
+
+class ResponseFormat(OpenAIBase):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(OpenAIBase):
+    """vLLM's ``structured_outputs`` request field: one of json, regex, choice, grammar."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: Any = Field(None, description="Refused: not supported here.")
+    disable_any_whitespace: bool | None = Field(
+        None, description="Accepted and ignored: whether JSON is compact is the engine's "
+        "setting (VLLMBackend: compact by default).")
+
+    _text = field_validator("json_", "regex", "choice", "grammar")(unicode_text)
 
 
 class StreamOptions(OpenAIBase):
@@ -77,7 +180,21 @@ class RefineryOptions(OpenAIBase):
     _text = field_validator("strategy")(unicode_text)
 
 
-class ChatCompletionRequest(OpenAIBase):
+class VLLMStructuredFields(OpenAIBase):
+    """vLLM's server fields for constrained decoding (at most one may be set)."""
+
+    structured_outputs: StructuredOutputs | None = Field(
+        None, description="vLLM: one of json, regex, choice, grammar.")
+    guided_json: dict[str, Any] | str | None = Field(None, description="vLLM (older).")
+    guided_regex: str | None = Field(None, description="vLLM (older).")
+    guided_choice: list[str] | None = Field(None, description="vLLM (older).")
+    guided_grammar: str | None = Field(None, description="vLLM (older).")
+
+    _guided = field_validator("guided_json", "guided_regex", "guided_choice",
+                              "guided_grammar")(unicode_text)
+
+
+class ChatCompletionRequest(VLLMStructuredFields):
     messages: list[ChatMessage] = Field(min_length=1)
     model: str
     frequency_penalty: float | None = None
@@ -85,12 +202,17 @@ class ChatCompletionRequest(OpenAIBase):
     max_completion_tokens: int | None = Field(None, ge=1)
     max_tokens: int | None = Field(None, ge=1)
     n: int = Field(1, ge=1, le=16)
+    parallel_tool_calls: bool | None = None
     presence_penalty: float | None = None
+    response_format: ResponseFormat | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tools: list[ChatTool] | None = Field(None, min_length=1)
+    top_logprobs: int | None = Field(None, ge=0, le=20)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     user: str | None = None
     # -- refinery extensions -----------------------------------------------------------
@@ -100,12 +222,15 @@ class ChatCompletionRequest(OpenAIBase):
     _text = field_validator("model", "stop")(unicode_text)
 
 
-class CompletionRequest(OpenAIBase):
+class CompletionRequest(VLLMStructuredFields):
     model: str
     prompt: str | list[str]
     echo: bool | None = None
+    logprobs: int | None = Field(None, ge=0, le=20, description="Top alternatives per "
+                                 "token; 0 = the sampled token's logprob only.")
     max_tokens: int | None = Field(16, ge=1)
     n: int = Field(1, ge=1, le=16)
+    response_format: ResponseFormat | None = Field(None, description="As vLLM accepts it.")
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
@@ -141,13 +266,32 @@ class RefineryInfo(BaseModel):
 class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    refusal: str | None = None
+    tool_calls: list[ToolCall] | None = None
     reasoning_content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _always_content(self, handler: SerializerFunctionWrapHandler):
+        # content and refusal are always sent, null when absent (a tool call's
+        # content is null), as OpenAI does; responses are dumped with exclude_none.
+        # No return annotation: with one, the documented schema would lose the fields.
+        data = handler(self)
+        data.setdefault("content", None)
+        data.setdefault("refusal", None)
+        return data
+
+
+class ChoiceLogprobs(BaseModel):
+    """A chat choice's logprobs: one entry per token of the content."""
+
+    content: list[TokenLogprob] | None = None
+    refusal: list[TokenLogprob] | None = None
 
 
 class ChatChoice(BaseModel):
     index: int
     message: ResponseMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = "stop"
 
 
@@ -162,16 +306,31 @@ class ChatCompletionResponse(BaseModel):
     refinery: RefineryInfo | None = None
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A piece of a streamed tool call: the first has id, type and name."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
     reasoning_content: str | None = None
 
 
 class ChunkChoice(BaseModel):
     index: int
     delta: DeltaMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
 
 
@@ -186,10 +345,23 @@ class ChatCompletionChunk(BaseModel):
     refinery: RefineryInfo | None = None
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape: parallel lists, one entry per token.
+
+    ``top_logprobs`` maps the sampled token and the most likely alternatives to
+    their logprobs; ``text_offset`` is each token's character offset in the text.
+    """
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = "stop"
 
 

@@ -51,7 +51,7 @@ async def serve(request: Request, req: OpenAIRequest, endpoint: Endpoint,
                 state: ServerState) -> Response:
     """Answer ``req`` on ``endpoint``, whole or streamed as the request asks."""
     prep = state.service.prepare(req)
-    call = Call(endpoint, prep, ResponseHead.new(endpoint, req.model), state)
+    call = Call(endpoint, prep, ResponseHead.new(endpoint, req.model, prep.reply), state)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(stream(call, include_usage), media_type="text/event-stream",

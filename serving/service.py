@@ -10,15 +10,26 @@ with their own temperature, like SSR's greedy decomposition, keep it);
 ``max_tokens`` caps each internal generation; ``n`` runs the strategy n times
 independently, sharing the request's budget; ``seed`` is passed to every call
 (ignored by the vLLM CPU backend, where a per-request seed crashes the engine).
+
+Output shape (``serving.structured``): on passthrough the one generation
+carries the request's constraint (``response_format``, vLLM's fields, a forced
+tool call) and logprobs. Under a strategy the constraint is the run's
+``final_constraint``: the strategy solves freely (its steps keep their own
+constraints), then one greedy constrained call turns its solution into the
+shape (``engine.run.conform``); that call is the answer, streamed as content,
+and the solution is the reasoning. Logprobs under a strategy are those of the
+sample that became the answer (the constrained call, or the strategy's own
+sample when its answer is one sample's text), else null.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from refinery.engine.backends.base import Backend
+from refinery.engine.constraints import Constraint, require_support
 from refinery.engine.context import Budget, Context, LoopPolicy
 from refinery.engine.errors import (
     BackendUnavailableError,
@@ -42,6 +53,7 @@ from refinery.serving.protocol import (
     RefineryBudget,
     RefineryOptions,
 )
+from refinery.serving.structured import Output, Reply, message_text, output_of
 from refinery.strategies import build_with_graph
 
 
@@ -70,6 +82,8 @@ class Prepared:
     n: int
     loop_policy: LoopPolicy
     trace_mode: Literal["none", "summary", "full"]
+    reply: Reply = field(default_factory=Reply)
+    final_constraint: Constraint | None = None  # under a strategy: the answer's shape
 
 
 @dataclass
@@ -145,7 +159,11 @@ class Service:
         opts = req.refinery or RefineryOptions()
         spec = self.resolve_spec(req.model, opts.strategy)
         strategy, canonical = self.build(spec)
+        out = output_of(req)
+        if out.constraint is not None:
+            require_support(out.constraint, backend.structured_outputs, backend_name(backend))
         messages, max_tokens = conversation(req, self.config.max_messages)
+        messages = with_system(messages, out.tools_prompt)
         n_prompt = backend.count_tokens(messages)
         if n_prompt >= backend.max_model_len:
             raise PromptTooLongError(
@@ -153,9 +171,11 @@ class Service:
                 f"{backend.max_model_len} tokens", param="messages",
                 code="context_length_exceeded")
         policy = opts.loop_policy or ("off" if spec is None else self.config.loop_policy)
+        params = self.sampling(req, max_tokens, out, passthrough=spec is None)
         return Prepared(strategy=strategy, spec=canonical, task=Task(messages=messages),
-                        params=self.sampling(req, max_tokens), budget=self.budget(opts.budget),
-                        n=req.n, loop_policy=policy, trace_mode=opts.trace)
+                        params=params, budget=self.budget(opts.budget), n=req.n,
+                        loop_policy=policy, trace_mode=opts.trace, reply=out.reply,
+                        final_constraint=None if spec is None else out.constraint)
 
     def build(self, spec: str | None) -> tuple[Solver, str | None]:
         """The strategy for ``spec`` and its canonical spelling (passthrough: None)."""
@@ -164,14 +184,20 @@ class Service:
         strategy, graph = build_with_graph(spec, max_calls=self.config.max_spec_calls)
         return strategy, to_spec(graph)
 
-    def sampling(self, req: ChatCompletionRequest | CompletionRequest,
-                 max_tokens: int | None) -> SamplingParams:
-        """The request's sampling fields, with the server's defaults for the unset ones."""
+    def sampling(self, req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
+                 out: Output, *, passthrough: bool) -> SamplingParams:
+        """The request's sampling fields, with the server's defaults for the unset ones.
+
+        Only a passthrough call carries the constraint (a strategy gets it as
+        its run's final constraint, so its own steps stay free).
+        """
         cfg = self.config
         return SamplingParams(
             temperature=cfg.default_temperature if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
-            max_tokens=max_tokens or cfg.default_max_tokens, stop=req.stop, seed=req.seed)
+            max_tokens=max_tokens or cfg.default_max_tokens, stop=req.stop, seed=req.seed,
+            logprobs=out.logprobs, top_logprobs=out.top_logprobs,
+            constraint=out.constraint if passthrough else None)
 
     def budget(self, asked: RefineryBudget | None) -> Budget:
         """The request's budget: the server's caps, lowered where the request asks."""
@@ -201,7 +227,8 @@ class Service:
                 prep.strategy, prep.task, backend, n=prep.n, budget=prep.budget,
                 params=prep.params, loop_detector=self.detector, loop_policy=prep.loop_policy,
                 listener=listener, final_sink=sink, spec=prep.spec or "passthrough",
-                trace_ids=[str(i) for i in range(prep.n)], on_exhausted="raise")
+                trace_ids=[str(i) for i in range(prep.n)], on_exhausted="raise",
+                final_constraint=prep.final_constraint)
         except BudgetExhausted as exc:
             raise BudgetExhausted(f"{EXHAUSTED}: {exc}", param="refinery.budget") from exc
         return Outcome(traces=traces, usage=traces[0].usage, seconds=time.monotonic() - t0)
@@ -215,7 +242,9 @@ def conversation(req: ChatCompletionRequest | CompletionRequest,
             raise InvalidRequestError(
                 f"{len(req.messages)} messages; at most {max_messages} are accepted",
                 param="messages")
-        return [to_message(m) for m in req.messages], req.max_completion_tokens or req.max_tokens
+        names: dict[str, str] = {}  # tool call id -> function name, in conversation order
+        return ([to_message(m, names) for m in req.messages],
+                req.max_completion_tokens or req.max_tokens)
     prompt = req.prompt
     if not isinstance(prompt, str):
         if len(prompt) != 1:
@@ -225,13 +254,25 @@ def conversation(req: ChatCompletionRequest | CompletionRequest,
     return [Message(role="user", content=prompt)], req.max_tokens
 
 
-def to_message(m: ChatMessage) -> Message:
-    if isinstance(m.content, list):
-        text = "".join(p.text or "" for p in m.content if p.type == "text")
-    else:
-        text = m.content or ""
+def to_message(m: ChatMessage, names: dict[str, str]) -> Message:
+    """A chat message as the engine's Message (a tool result is a user turn)."""
     role = {"developer": "system", "tool": "user"}.get(m.role, m.role)
-    return Message(role=role, content=text)
+    return Message(role=role, content=message_text(m, names))
+
+
+def with_system(messages: list[Message], text: str | None) -> list[Message]:
+    """``text`` added to the conversation's system turn (one is opened if none)."""
+    if not text:
+        return messages
+    if messages and messages[0].role == "system":
+        first = Message(role="system", content=f"{messages[0].content}\n\n{text}")
+        return [first, *messages[1:]]
+    return [Message(role="system", content=text), *messages]
+
+
+def backend_name(backend: Backend) -> str:
+    """How an error names a backend: ``VLLMBackend`` -> ``vllm``."""
+    return type(backend).__name__.removesuffix("Backend").lower() or "model"
 
 
 def loop_alarms(trace: Trace) -> int:

@@ -8,8 +8,11 @@ schema is sent; ``data: [DONE]`` always ends the stream.
 ``stream_chunks`` streams a strategy run through an endpoint adapter: each
 choice's opening chunk first (chat: the role), intermediate strategy steps as
 reasoning (chat: ``delta.reasoning_content``), the final answer as it is
-generated (token by token when the final stage is a generation),
-``finish_reason`` on each choice's last chunk, then the usage chunk.
+generated (token by token when the final stage is a generation, with its
+tokens' logprobs when asked), ``finish_reason`` on each choice's last chunk,
+then the usage chunk. Under a strategy with a response format, the strategy's
+generations are steps (reasoning) and the constrained call that shapes the
+answer streams as content (or as a named tool call's argument deltas).
 
 Example:
     >>> async for event in sse(stream_chunks(CHAT, head, prep, service)):
@@ -22,14 +25,15 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from pydantic import BaseModel
 
-from refinery.engine.context import TextSink
+from refinery.engine.context import DeltaSink
 from refinery.engine.errors import RefineryError
 from refinery.engine.trace import TraceEvent
+from refinery.engine.types import Delta, TokenLogprob
 from refinery.serving.endpoints import Endpoint, ResponseHead, answer, refinery_info, usage_info
 from refinery.serving.errors import openai_error
 from refinery.serving.service import Outcome, Prepared, Service
@@ -90,6 +94,7 @@ class RunEvent:
     choice: int = -1
     text: str = ""
     outcome: Outcome | None = None
+    logprobs: list[TokenLogprob] | None = None  # of a content event's tokens
 
 
 async def events_of_run(service: Service, prep: Prepared,
@@ -106,9 +111,9 @@ async def events_of_run(service: Service, prep: Prepared,
         if text:
             queue.put_nowait(RunEvent("reasoning", i, text))
 
-    def sink(i: int) -> TextSink:
-        async def put(text: str) -> None:
-            queue.put_nowait(RunEvent("content", i, text))
+    def sink(i: int) -> DeltaSink:
+        async def put(delta: Delta) -> None:
+            queue.put_nowait(RunEvent("content", i, delta.text, logprobs=delta.logprobs))
         return put
 
     async def work() -> None:
@@ -135,6 +140,32 @@ async def events_of_run(service: Service, prep: Prepared,
         await asyncio.gather(task, return_exceptions=True)
 
 
+@dataclass
+class Sent:
+    """What a stream has sent of one choice's answer: characters, logprobs held back."""
+
+    chars: int = 0
+    held: list[TokenLogprob] = field(default_factory=list)
+
+
+def content_chunk(endpoint: Endpoint, head: ResponseHead, ev: RunEvent,
+                  sent: Sent) -> BaseModel | None:
+    """A piece of the answer as a chunk (None: nothing to send yet).
+
+    A token with no text of its own yet (part of a character) holds its
+    logprobs back for the next piece, so every chunk has text and a tool
+    call's first chunk is the one that names it.
+    """
+    if head.reply.logprobs and ev.logprobs:
+        sent.held += ev.logprobs
+    if not ev.text:
+        return None
+    logprobs, sent.held = (sent.held if head.reply.logprobs else None), []
+    chunk = endpoint.delta(head, ev.choice, ev.text, logprobs, sent.chars)
+    sent.chars += len(ev.text)
+    return chunk
+
+
 async def stream_chunks(endpoint: Endpoint, head: ResponseHead, prep: Prepared,
                         service: Service, *,
                         include_usage: bool = False) -> AsyncIterator[BaseModel | str]:
@@ -142,7 +173,7 @@ async def stream_chunks(endpoint: Endpoint, head: ResponseHead, prep: Prepared,
     for i in range(prep.n):
         if (opening := endpoint.opening(head, i)) is not None:
             yield opening
-    streamed = [False] * prep.n
+    sent = [Sent() for _ in range(prep.n)]
     async for ev in events_of_run(service, prep, service.config.keepalive_seconds):
         if ev.kind == "keepalive":
             yield KEEPALIVE
@@ -150,14 +181,13 @@ async def stream_chunks(endpoint: Endpoint, head: ResponseHead, prep: Prepared,
             if (chunk := endpoint.reasoning(head, ev.choice, ev.text)) is not None:
                 yield chunk
         elif ev.kind == "content":
-            streamed[ev.choice] = True
-            yield endpoint.delta(head, ev.choice, ev.text)
+            if (chunk := content_chunk(endpoint, head, ev, sent[ev.choice])) is not None:
+                yield chunk
         elif ev.outcome is not None:
             for i, trace in enumerate(ev.outcome.traces):
-                text, reason = answer(trace)
-                if text and not streamed[i]:
-                    yield endpoint.delta(head, i, text)
-                yield endpoint.finish(head, i, reason)
+                ans = answer(trace, head.reply.logprobs)
+                for chunk in endpoint.closing(head, i, ans, sent[i].chars):
+                    yield chunk
             if include_usage:
                 yield endpoint.usage_chunk(head, usage_info(ev.outcome),
                                            refinery_info(prep, ev.outcome))

@@ -21,7 +21,9 @@ started after it.
 Constraints: ``structured_outputs`` lists the kinds the double accepts (all by
 default); a call with another kind raises ``UnsupportedConstraintError`` as a real
 backend does. The double does not enforce constraints: rules see ``params`` and
-reply accordingly. ``logprobs=True`` gets one TokenLogprob per word.
+reply accordingly. ``logprobs=True`` gets one TokenLogprob per word (streamed
+with its word), each with ``top_logprobs`` alternatives: the word itself, then
+``alt1``, ``alt2``...
 
 Health: ``dead=True`` (or ``die()``) makes it a dead engine for the server's
 /health and on-engine-death policy; ``in_flight`` counts the slow calls that
@@ -36,7 +38,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from refinery.engine.constraints import ALL_KINDS, require_support
-from refinery.engine.types import Completion, Delta, Message, SamplingParams, TokenLogprob
+from refinery.engine.types import (
+    Completion,
+    Delta,
+    Message,
+    SamplingParams,
+    TokenLogprob,
+    TopLogprob,
+)
 
 Reply = str | list[str] | Callable[[Sequence[Message], SamplingParams, int], str]
 
@@ -131,7 +140,8 @@ class ScriptedBackend:
         return Completion(text=text, prompt_tokens=self.count_tokens(messages),
                           completion_tokens=min(len(words), params.max_tokens) or 1,
                           finish_reason=finish, logprob=-float(i) if params.logprobs else None,
-                          token_logprobs=_word_logprobs(text, i) if params.logprobs else None)
+                          token_logprobs=(_word_logprobs(text, i, params.top_logprobs)
+                                          if params.logprobs else None))
 
     async def generate(self, messages, params, *, n=None, monitor=None) -> list[Completion]:
         n = params.n if n is None else n
@@ -148,9 +158,10 @@ class ScriptedBackend:
         if self._slow:
             await self._wait(index)
         comp = self._completion(messages, params, 0)
+        logprobs = comp.token_logprobs or []
         try:
-            for piece in re.findall(r"\s*\S+", comp.text):
-                yield Delta(text=piece)
+            for j, piece in enumerate(re.findall(r"\s*\S+", comp.text)):
+                yield Delta(text=piece, logprobs=logprobs[j:j + 1] or None)
         except GeneratorExit:  # the consumer closed the stream early (an abort)
             if self._slow:
                 self.log.append(("cancel", index))
@@ -163,9 +174,18 @@ class ScriptedBackend:
         self.closed = True
 
 
-def _word_logprobs(text: str, i: int) -> list[TokenLogprob]:
-    """One token per word; the log-probabilities sum to ``-i`` as ``Completion.logprob``."""
+def _word_logprobs(text: str, i: int, top: int) -> list[TokenLogprob]:
+    """One token per word; the log-probabilities sum to ``-i`` as ``Completion.logprob``.
+
+    Each token has ``top`` alternatives: itself, then ``alt1``, ``alt2``... less likely.
+    """
     pieces = re.findall(r"\s*\S+", text) or [text]
     share = -float(i) / len(pieces)
-    return [TokenLogprob(token=p, logprob=share, bytes=list(p.encode()))
-            for p in pieces]
+
+    def alternatives(p: str) -> list[TopLogprob]:
+        names = [p, *(f"alt{j}" for j in range(1, top))][:top]
+        return [TopLogprob(token=t, logprob=share - j, bytes=list(t.encode()))
+                for j, t in enumerate(names)]
+
+    return [TokenLogprob(token=p, logprob=share, bytes=list(p.encode()),
+                         top_logprobs=alternatives(p)) for p in pieces]

@@ -13,7 +13,7 @@ import pytest
 
 from refinery.engine.context import LOOP_NUDGE, Budget, Context
 from refinery.engine.errors import BackendError, BudgetExhausted
-from refinery.engine.types import Completion, Message, SamplingParams, Usage
+from refinery.engine.types import Completion, Delta, Message, SamplingParams, Usage
 from tests.scripted_backend import ScriptedBackend
 
 Q = [Message(role="user", content="q")]
@@ -126,8 +126,8 @@ async def test_deadline_aborts_a_streamed_final_answer():
     b = backend(reply="w " * 50, hang_after=0)
     pieces: list[str] = []
 
-    async def sink(text: str) -> None:
-        pieces.append(text)
+    async def sink(delta: Delta) -> None:
+        pieces.append(delta.text)
 
     ctx = Context(b, budget=Budget(max_seconds=0.2), final_sink=sink)
     with pytest.raises(BudgetExhausted, match="time budget"):
@@ -139,7 +139,7 @@ async def test_stream_closed_when_the_consumer_is_cancelled():
     b = backend(reply="w " * 50)
     started = asyncio.Event()
 
-    async def sink(text: str) -> None:
+    async def sink(delta: Delta) -> None:
         started.set()
         await asyncio.Event().wait()  # a client that stops reading
 

@@ -8,7 +8,7 @@ from refinery.engine.constraints import Constraint
 from refinery.engine.context import LOOP_NUDGE, Budget, Context
 from refinery.engine.errors import BudgetExhausted
 from refinery.engine.loops import CusumLoopDetector, LoopAlarm
-from refinery.engine.types import Completion, Message, SamplingParams
+from refinery.engine.types import Completion, Delta, Message, SamplingParams
 from tests.scripted_backend import ScriptedBackend
 
 Q = [Message(role="user", content="q")]
@@ -91,8 +91,8 @@ async def test_loop_policy_off_passes_no_monitor():
 async def test_final_generation_streams_to_the_sink():
     pieces = []
 
-    async def sink(text):
-        pieces.append(text)
+    async def sink(delta: Delta) -> None:
+        pieces.append(delta.text)
 
     ctx = Context(ScriptedBackend([(".*", "the answer is 4")]), final_sink=sink)
     [c] = await ctx.generate(Q, final=True)

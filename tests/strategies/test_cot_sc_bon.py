@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from refinery.engine.context import Context
-from refinery.engine.types import Completion
+from refinery.engine.types import Completion, Delta
 from refinery.strategies import BestOfN, CoT, CritiqueRefine, SelfConsistency
 from refinery.verifiers.base import Verdict
 from tests.scripted_backend import ScriptedBackend
@@ -14,8 +14,8 @@ async def test_cot_streams_only_at_the_root():
     backend = ScriptedBackend([(r".*", "3 + 4 = 7, doubled 14. \\boxed{14}")])
     pieces: list[str] = []
 
-    async def sink(text: str) -> None:
-        pieces.append(text)
+    async def sink(delta: Delta) -> None:
+        pieces.append(delta.text)
 
     root = ctx(backend, final_sink=sink)
     attempt = await CoT().solve(task(), root)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from refinery.engine.types import Delta
 from refinery.strategies import DEI, SAGE, CoT, CritiqueRefine
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ctx, prompts, task
@@ -109,8 +110,8 @@ async def test_sage_plans_and_the_last_rollout_streams():
     ])
     pieces: list[str] = []
 
-    async def sink(text: str) -> None:
-        pieces.append(text)
+    async def sink(delta: Delta) -> None:
+        pieces.append(delta.text)
 
     attempt = await SAGE(CoT()).solve(task(), ctx(backend, final_sink=sink))
     [rollout] = prompts(backend, "plan drawn from an earlier attempt")
