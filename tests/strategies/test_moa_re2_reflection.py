@@ -9,6 +9,7 @@ from refinery import strategies
 from refinery.engine.context import Budget, Context
 from refinery.engine.errors import BudgetExhausted
 from refinery.engine.run import solve_one
+from refinery.engine.types import Delta
 from refinery.serving.streaming import reasoning_text
 from refinery.strategies import CoT, CoTReflection, MoA, ReRead, Strategy
 from refinery.strategies.cot_reflection import output_of, section
@@ -33,8 +34,8 @@ def worst_case(spec: str) -> int:
 
 
 def sink_into(pieces: list[str]):
-    async def sink(text: str) -> None:
-        pieces.append(text)
+    async def sink(delta: Delta) -> None:
+        pieces.append(delta.text)
     return sink
 
 
