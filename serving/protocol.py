@@ -247,10 +247,27 @@ class CompletionRequest(VLLMStructuredFields):
 
 # -- responses ---------------------------------------------------------------------------
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int | None = Field(
+        None, description="Prompt tokens served from the engine's prefix cache "
+        "(summed over the calls; a prompt shared by parallel samples counts once).")
+
+
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = Field(
+        0, description="Generated tokens that are not the returned answers': 0 on "
+        "passthrough; under a strategy every token but those of the sample(s) that became "
+        "the answer(s).")
+
+
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = Field(
+        None, description="Sent when the backend reports cached prompt tokens.")
+    completion_tokens_details: CompletionTokensDetails = Field(
+        default_factory=CompletionTokensDetails)
 
 
 class RefineryInfo(BaseModel):
