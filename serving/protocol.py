@@ -59,6 +59,12 @@ def unicode_text(value: Any) -> Any:
     return value
 
 
+OPTILLM_APPROACH = ("OptiLLM's approach (e.g. 'moa', 'bon'), as OptiLLM clients send it via "
+                    "extra_body: run as the refinery strategy it maps to. 'none' is "
+                    "passthrough, 'auto' leaves the choice to the model field; "
+                    "refinery.strategy overrides it.")
+
+
 class OpenAIBase(BaseModel):
     # Clients send fields we do not implement (logit_bias, tools, ...): accept them.
     model_config = ConfigDict(extra="allow")
@@ -218,8 +224,9 @@ class ChatCompletionRequest(VLLMStructuredFields):
     # -- refinery extensions -----------------------------------------------------------
     refinery: RefineryOptions | None = Field(
         None, description="Strategy, budget and trace options (send via extra_body).")
+    optillm_approach: str | None = Field(None, description=OPTILLM_APPROACH)
 
-    _text = field_validator("model", "stop")(unicode_text)
+    _text = field_validator("model", "stop", "optillm_approach")(unicode_text)
 
 
 class CompletionRequest(VLLMStructuredFields):
@@ -241,8 +248,9 @@ class CompletionRequest(VLLMStructuredFields):
     # -- refinery extensions -----------------------------------------------------------
     refinery: RefineryOptions | None = Field(
         None, description="Strategy, budget and trace options (send via extra_body).")
+    optillm_approach: str | None = Field(None, description=OPTILLM_APPROACH)
 
-    _text = field_validator("model", "prompt", "stop")(unicode_text)
+    _text = field_validator("model", "prompt", "stop", "optillm_approach")(unicode_text)
 
 
 # -- responses ---------------------------------------------------------------------------
