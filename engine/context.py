@@ -185,9 +185,11 @@ class Context:
         return self._account(comps)
 
     def _account(self, comps: Sequence[Completion]) -> Usage:
-        # Parallel samples share one prompt: count it once, as vLLM computes it once.
+        # Parallel samples share one prompt: count it once, as vLLM computes it once
+        # (and its cached part with it).
         used = Usage(prompt_tokens=comps[0].prompt_tokens if comps else 0,
-                     completion_tokens=sum(c.completion_tokens for c in comps), calls=1)
+                     completion_tokens=sum(c.completion_tokens for c in comps), calls=1,
+                     cached_tokens=comps[0].cached_tokens if comps else None)
         self._shared.usage = self._shared.usage + used
         return used
 

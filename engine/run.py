@@ -30,7 +30,7 @@ from refinery.engine.context import Budget, Context, DeltaSink, LoopPolicy
 from refinery.engine.errors import BudgetExhausted, RefineryError
 from refinery.engine.loops import LoopDetector
 from refinery.engine.trace import Trace, TraceEvent, TraceWriter
-from refinery.engine.types import Attempt, Completion, Message, SamplingParams, Task
+from refinery.engine.types import Attempt, Completion, Message, SamplingParams, Task, Usage
 
 T = TypeVar("T")
 OnError = Literal["record", "raise"]
@@ -206,6 +206,29 @@ def answer_completion(trace: Trace) -> Completion | None:
             if comp.text == trace.attempt.text:
                 return comp
     return None
+
+
+def reasoning_tokens(traces: Sequence[Trace], usage: Usage) -> int:
+    """The generated tokens of a run that are not its returned answers' (OpenAI's
+    ``completion_tokens_details.reasoning_tokens``).
+
+    ``usage`` is the run's shared total over its choices (``traces``). A
+    choice's answer tokens are those of the sample that became its answer
+    (:func:`answer_completion`: a passthrough's one generation, the final
+    format call, a strategy's chosen sample); every other generated token
+    (drafts, votes, critiques, judges, retried loops) is reasoning. A choice
+    whose answer is not one sample's text (composed, or a section cut out of
+    a reply) has no answer tokens of its own: all its tokens count as
+    reasoning. Always between 0 and ``usage.completion_tokens``.
+
+    Example:
+        >>> traces = await solve_choices(build("sc(cot, n=4)"), task, backend)
+        >>> reasoning_tokens(traces, traces[0].usage)  # the three samples not returned
+        96
+    """
+    answers = sum(comp.completion_tokens for trace in traces
+                  if (comp := answer_completion(trace)) is not None)
+    return max(0, usage.completion_tokens - answers)
 
 
 async def gather_or_cancel(coros: Sequence[Awaitable[T]]) -> list[T]:

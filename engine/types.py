@@ -67,11 +67,16 @@ class SamplingParams(BaseModel):
 
 
 class Usage(BaseModel):
-    """Token and call counts, summed over every model call behind a result."""
+    """Token and call counts, summed over every model call behind a result.
+
+    ``cached_tokens`` are the prompt tokens the engine found in its prefix cache
+    (part of ``prompt_tokens``), None when no call's backend reported it.
+    """
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     calls: int = 0
+    cached_tokens: int | None = None
 
     @property
     def total_tokens(self) -> int:
@@ -82,7 +87,20 @@ class Usage(BaseModel):
             prompt_tokens=self.prompt_tokens + other.prompt_tokens,
             completion_tokens=self.completion_tokens + other.completion_tokens,
             calls=self.calls + other.calls,
+            cached_tokens=add_known(self.cached_tokens, other.cached_tokens),
         )
+
+
+def add_known(a: int | None, b: int | None) -> int | None:
+    """``a + b`` over the values that are known; None when neither is.
+
+    Example:
+        >>> add_known(None, 3), add_known(2, 3), add_known(None, None)
+        (3, 5, None)
+    """
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 class TopLogprob(BaseModel):
@@ -104,12 +122,14 @@ class Completion(BaseModel):
 
     ``loop_onset`` is the character offset where a detected loop began; on a
     ``loop`` finish ``text`` is already cut there. ``token_logprobs`` is set
-    when the call asked for ``logprobs``.
+    when the call asked for ``logprobs``. ``cached_tokens`` is how many of the
+    prompt's tokens the engine took from its prefix cache, when it says.
     """
 
     text: str
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int | None = None
     finish_reason: FinishReason
     logprob: float | None = None
     loop_onset: int | None = None

@@ -22,6 +22,9 @@ DEFAULT_PRESETS = {
     "ssr_plan": "ssr_plan",
     "sage": "sage(cot)",
     "dei": "dei(ssr, critique_refine, sage(cot))",
+    "moa": "moa",
+    "re2": "re2",
+    "cot_reflection": "cot_reflection",
 }
 
 

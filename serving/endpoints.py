@@ -29,7 +29,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel
 
-from refinery.engine.run import answer_completion
+from refinery.engine.run import answer_completion, reasoning_tokens
 from refinery.engine.trace import Trace
 from refinery.engine.types import TokenLogprob, TopLogprob
 from refinery.serving.protocol import (
@@ -42,10 +42,12 @@ from refinery.serving.protocol import (
     CompletionChunk,
     CompletionLogprobs,
     CompletionResponse,
+    CompletionTokensDetails,
     DeltaFunctionCall,
     DeltaMessage,
     DeltaToolCall,
     FunctionCall,
+    PromptTokensDetails,
     RefineryInfo,
     ResponseMessage,
     ToolCall,
@@ -124,9 +126,20 @@ def legacy_logprobs(tokens: list[TokenLogprob], offset: int) -> CompletionLogpro
 
 
 def usage_info(outcome: Outcome) -> UsageInfo:
+    """The response's usage: the run's totals, its reasoning tokens, its cached prompt.
+
+    ``reasoning_tokens`` is ``engine.run.reasoning_tokens``: every generated
+    token but those of the samples that became the returned answers (0 on
+    passthrough). ``prompt_tokens_details`` is sent only when the backend
+    reported cached tokens.
+    """
     u = outcome.usage
+    cached = (PromptTokensDetails(cached_tokens=u.cached_tokens)
+              if u.cached_tokens is not None else None)
     return UsageInfo(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
-                     total_tokens=u.total_tokens)
+                     total_tokens=u.total_tokens, prompt_tokens_details=cached,
+                     completion_tokens_details=CompletionTokensDetails(
+                         reasoning_tokens=reasoning_tokens(outcome.traces, u)))
 
 
 def refinery_info(prep: Prepared, outcome: Outcome) -> RefineryInfo:

@@ -59,6 +59,12 @@ def unicode_text(value: Any) -> Any:
     return value
 
 
+OPTILLM_APPROACH = ("OptiLLM's approach (e.g. 'moa', 'bon'), as OptiLLM clients send it via "
+                    "extra_body: run as the refinery strategy it maps to. 'none' is "
+                    "passthrough, 'auto' leaves the choice to the model field; "
+                    "refinery.strategy overrides it.")
+
+
 class OpenAIBase(BaseModel):
     # Clients send fields we do not implement (logit_bias, tools, ...): accept them.
     model_config = ConfigDict(extra="allow")
@@ -218,8 +224,9 @@ class ChatCompletionRequest(VLLMStructuredFields):
     # -- refinery extensions -----------------------------------------------------------
     refinery: RefineryOptions | None = Field(
         None, description="Strategy, budget and trace options (send via extra_body).")
+    optillm_approach: str | None = Field(None, description=OPTILLM_APPROACH)
 
-    _text = field_validator("model", "stop")(unicode_text)
+    _text = field_validator("model", "stop", "optillm_approach")(unicode_text)
 
 
 class CompletionRequest(VLLMStructuredFields):
@@ -241,16 +248,34 @@ class CompletionRequest(VLLMStructuredFields):
     # -- refinery extensions -----------------------------------------------------------
     refinery: RefineryOptions | None = Field(
         None, description="Strategy, budget and trace options (send via extra_body).")
+    optillm_approach: str | None = Field(None, description=OPTILLM_APPROACH)
 
-    _text = field_validator("model", "prompt", "stop")(unicode_text)
+    _text = field_validator("model", "prompt", "stop", "optillm_approach")(unicode_text)
 
 
 # -- responses ---------------------------------------------------------------------------
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int | None = Field(
+        None, description="Prompt tokens served from the engine's prefix cache "
+        "(summed over the calls; a prompt shared by parallel samples counts once).")
+
+
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = Field(
+        0, description="Generated tokens that are not the returned answers': 0 on "
+        "passthrough; under a strategy every token but those of the sample(s) that became "
+        "the answer(s).")
+
 
 class UsageInfo(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = Field(
+        None, description="Sent when the backend reports cached prompt tokens.")
+    completion_tokens_details: CompletionTokensDetails = Field(
+        default_factory=CompletionTokensDetails)
 
 
 class RefineryInfo(BaseModel):

@@ -2,7 +2,9 @@
 
 A request's ``model`` is ``SPEC@MODEL`` (``ssr@`` and the served model), a preset name
 with ``@MODEL``, or the plain served model (passthrough, or the server's
-default strategy). ``refinery.strategy`` in the body overrides the spec.
+default strategy). OptiLLM's forms work too (``serving.optillm``):
+``APPROACH-MODEL`` (``moa-smollm2-135m``) and ``optillm_approach`` in the body.
+``refinery.strategy`` in the body overrides them all.
 
 Under a strategy, sampling fields have these meanings: ``temperature``,
 ``top_p`` and ``stop`` are the defaults for the strategy's generations (steps
@@ -45,6 +47,7 @@ from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.run import EXHAUSTED, ChoiceListener, ChoiceSink, Solver, solve_choices
 from refinery.engine.trace import Trace
 from refinery.engine.types import Attempt, Message, SamplingParams, Task, Usage
+from refinery.serving import optillm
 from refinery.serving.config import ServerConfig
 from refinery.serving.protocol import (
     ChatCompletionRequest,
@@ -132,19 +135,22 @@ class Service:
 
     # -- preparation --------------------------------------------------------------------
 
-    def resolve_spec(self, model_field: str, override: str | None) -> str | None:
-        """The strategy spec a request asks for (None = passthrough)."""
-        served = self.config.model
-        spec, sep, model = model_field.rpartition("@")
-        if not sep:
-            spec, model = "", model_field
-        if model != served:
-            presets = ", ".join(f"{p}@{served}" for p in self.config.presets)
-            raise UnknownModelError(
-                f"model {model!r} is not served here. Available: {served} (passthrough), "
-                f"SPEC@{served} for any strategy spec, and presets: {presets}",
-                param="model", code="model_not_found")
-        spec = override or spec or self.config.default_strategy
+    def resolve_spec(self, model_field: str, override: str | None = None,
+                     approach: str | None = None) -> str | None:
+        """The strategy spec a request asks for (None = passthrough).
+
+        ``model_field`` is ``SPEC@MODEL``, ``PRESET@MODEL``, OptiLLM's
+        ``APPROACH-MODEL`` or the served model; ``approach`` is OptiLLM's
+        ``optillm_approach`` and ``override`` ``refinery.strategy``, which wins
+        over both. OptiLLM's ``none`` is passthrough even with a default strategy.
+        """
+        spec = self.spec_in_model(model_field)
+        if approach is not None and approach.strip() != optillm.AUTO:
+            spec = optillm.spec_of(approach, param="optillm_approach")
+        spec = override or spec
+        if spec == optillm.PASSTHROUGH:
+            return None
+        spec = spec or self.config.default_strategy
         if not spec:
             return None
         if len(spec) > MAX_SPEC_CHARS:
@@ -153,11 +159,35 @@ class Service:
                             f"{MAX_SPEC_CHARS} characters", param="strategy")
         return self.config.presets.get(spec.strip(), spec)
 
+    def spec_in_model(self, model_field: str) -> str | None:
+        """The spec the model field names: ``SPEC@`` or an OptiLLM prefix (None: none).
+
+        Raises:
+            UnknownModelError: the field names no form of the served model.
+            SpecError: an OptiLLM approach refinery does not run.
+        """
+        served = self.config.model
+        spec, sep, model = model_field.rpartition("@")
+        if sep and model == served:
+            return spec or None
+        if not sep and model_field == served:
+            return None
+        approach = None if sep else optillm.approach_of(model_field, served)
+        if approach is not None:
+            return optillm.spec_of(approach)
+        presets = ", ".join(f"{p}@{served}" for p in self.config.presets)
+        raise UnknownModelError(
+            f"model {model!r} is not served here. Available: "
+            f"{served} (passthrough), SPEC@{served} for any strategy spec, presets: "
+            f"{presets}, and OptiLLM's APPROACH-{served} for "
+            f"{', '.join(a for a in optillm.APPROACHES if a != 'none')}",
+            param="model", code="model_not_found")
+
     def prepare(self, req: ChatCompletionRequest | CompletionRequest) -> Prepared:
         """Validate a request against the served model and the limits; build its run."""
         backend = self.require_backend()
         opts = req.refinery or RefineryOptions()
-        spec = self.resolve_spec(req.model, opts.strategy)
+        spec = self.resolve_spec(req.model, opts.strategy, req.optillm_approach)
         strategy, canonical = self.build(spec)
         out = output_of(req)
         if out.constraint is not None:

@@ -25,6 +25,10 @@ reply accordingly. ``logprobs=True`` gets one TokenLogprob per word (streamed
 with its word), each with ``top_logprobs`` alternatives: the word itself, then
 ``alt1``, ``alt2``...
 
+Prefix cache: ``cached_tokens`` (None by default: not reported) is what every
+completion reports as its prompt's cached tokens, as vLLM's
+``num_cached_tokens``.
+
 Health: ``dead=True`` (or ``die()``) makes it a dead engine for the server's
 /health and on-engine-death policy; ``in_flight`` counts the slow calls that
 started and have not finished.
@@ -70,6 +74,7 @@ class ScriptedBackend:
     dead: bool = False
     closed: bool = False
     structured_outputs: frozenset[str] = ALL_KINDS
+    cached_tokens: int | None = None
 
     # -- health (what the server reads) --------------------------------------------------
 
@@ -138,6 +143,7 @@ class ScriptedBackend:
         if len(words) > params.max_tokens:
             text, finish = " ".join(words[: params.max_tokens]), "length"
         return Completion(text=text, prompt_tokens=self.count_tokens(messages),
+                          cached_tokens=self.cached_tokens,
                           completion_tokens=min(len(words), params.max_tokens) or 1,
                           finish_reason=finish, logprob=-float(i) if params.logprobs else None,
                           token_logprobs=(_word_logprobs(text, i, params.top_logprobs)

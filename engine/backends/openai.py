@@ -458,6 +458,7 @@ class OpenAIBackend:
             out.append(Completion(
                 text=ch.message.content or "",
                 prompt_tokens=usage.prompt_tokens if usage else 0,
+                cached_tokens=cached_tokens(usage),
                 completion_tokens=len(tokens) if tokens else per_sample,
                 finish_reason=_finish(ch.finish_reason), token_logprobs=tokens,
                 logprob=sum(t.logprob for t in tokens) if tokens else None))
@@ -510,6 +511,7 @@ class OpenAIBackend:
             await stream.close()
         comp = Completion(
             text=watch.text, prompt_tokens=usage.prompt_tokens if usage else 0,
+            cached_tokens=cached_tokens(usage),
             completion_tokens=usage.completion_tokens if usage else n_chunks,
             finish_reason=_finish(finish), loop_onset=watch.onset,
             token_logprobs=tokens if params.logprobs else None,
@@ -527,6 +529,17 @@ def _token_logprobs(logprobs: Any) -> list[TokenLogprob] | None:
     if not content:
         return None
     return [TokenLogprob.model_validate(t.model_dump()) for t in content]
+
+
+def cached_tokens(usage: Any) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` of an upstream answer, if it sent one.
+
+    vLLM's server sends the details only with ``--enable-prompt-tokens-details``;
+    OpenAI always does. Absent or null means unknown, not zero.
+    """
+    details = getattr(usage, "prompt_tokens_details", None)
+    value = getattr(details, "cached_tokens", None)
+    return None if value is None else int(value)
 
 
 def _finish(reason: str | None) -> str:

@@ -247,7 +247,8 @@ class VLLMBackend:
         assert final is not None
         outs = sorted(final.outputs, key=lambda o: o.index)
         comps = [self._completion(o.text, len(ids), len(o.token_ids), o.finish_reason,
-                                  o.cumulative_logprob if params.logprobs else None)
+                                  o.cumulative_logprob if params.logprobs else None,
+                                  cached=cached_tokens(final))
                  for o in outs]
         if params.logprobs:
             for comp, o in zip(comps, outs, strict=True):
@@ -273,9 +274,10 @@ class VLLMBackend:
 
         sp = self._sampling(params, 1, len(ids), RequestOutputKind.DELTA)
         watch = WatchedText(detector)
-        n_tokens, logprob, finish, tokens = 0, 0.0, None, []
+        n_tokens, logprob, finish, tokens, cached = 0, 0.0, None, [], None
         async with contextlib.aclosing(self._run(ids, sp)) as outs:
             async for out in outs:
+                cached = cached_tokens(out, cached)
                 o = out.outputs[0]
                 n_tokens += len(o.token_ids)
                 if o.cumulative_logprob is not None:
@@ -292,7 +294,7 @@ class VLLMBackend:
                 if o.finish_reason is not None:
                     finish = o.finish_reason
         comp = self._completion(watch.text, len(ids), n_tokens, finish or "abort",
-                                logprob if params.logprobs else None, watch.onset)
+                                logprob if params.logprobs else None, watch.onset, cached)
         comp.token_logprobs = tokens if params.logprobs else None
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
@@ -321,11 +323,11 @@ class VLLMBackend:
     @staticmethod
     def _completion(text: str, prompt_tokens: int, completion_tokens: int,
                     finish: str | None, logprob: float | None,
-                    onset: int | None = None) -> Completion:
+                    onset: int | None = None, cached: int | None = None) -> Completion:
         reason = finish if finish in ("stop", "length", "loop", "abort") else "stop"
         return Completion(text=text, prompt_tokens=prompt_tokens,
                           completion_tokens=completion_tokens, finish_reason=reason,
-                          logprob=logprob, loop_onset=onset)
+                          logprob=logprob, loop_onset=onset, cached_tokens=cached)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -378,6 +380,16 @@ class VLLMBackend:
             return
         handler.cancel()
         await asyncio.wait([handler])  # wait, not await: our own cancellation stays ours
+
+
+def cached_tokens(out: Any, known: int | None = None) -> int | None:
+    """The prompt tokens vLLM took from its prefix cache for a request, if it says.
+
+    ``RequestOutput.num_cached_tokens`` is set once the prompt is prefilled;
+    a streamed request's later outputs keep the last value seen (``known``).
+    """
+    value = getattr(out, "num_cached_tokens", None)
+    return known if value is None else int(value)
 
 
 def structured(constraint: Constraint | None) -> Any:

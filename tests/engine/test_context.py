@@ -118,3 +118,19 @@ async def test_constrained_calls_are_not_loop_monitored():
                                             constraint=Constraint.any_json()))
     # structure repeats by design; the constraint's bounds cap the length instead
     assert seen == [detector, None]
+
+
+async def test_cached_prompt_tokens_are_summed_and_a_shared_prompt_counts_once():
+    ctx = Context(ScriptedBackend([(".*", "one two")], cached_tokens=3))
+    await ctx.generate(Q, n=4)  # four samples of one prompt: its cache hit counts once
+    assert ctx.spent.cached_tokens == 3
+    await ctx.generate(Q)
+    assert ctx.spent.cached_tokens == 6
+    assert ctx.spent.prompt_tokens == 2 * 5 and ctx.spent.completion_tokens == 4 * 2 + 2
+
+
+async def test_cached_tokens_stay_unknown_when_the_backend_does_not_say():
+    ctx = Context(ScriptedBackend([(".*", "one two")]))
+    await ctx.generate(Q, n=2)
+    await ctx.generate(Q)
+    assert ctx.spent.cached_tokens is None

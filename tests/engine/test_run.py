@@ -10,7 +10,13 @@ import pytest
 from refinery.engine.constraints import Constraint
 from refinery.engine.context import Budget
 from refinery.engine.errors import BudgetExhausted
-from refinery.engine.run import answer_completion, format_instruction, solve_choices, solve_one
+from refinery.engine.run import (
+    answer_completion,
+    format_instruction,
+    reasoning_tokens,
+    solve_choices,
+    solve_one,
+)
 from refinery.engine.types import Delta, SamplingParams, Task
 from refinery.strategies import CoT, SelfConsistency
 from tests.scripted_backend import ScriptedBackend
@@ -90,3 +96,47 @@ async def test_answer_completion_is_the_sample_that_became_the_answer():
     assert comp.token_logprobs is not None
     trace.attempt = trace.attempt.model_copy(update={"text": "edited"})
     assert answer_completion(trace) is None
+
+
+# -- reasoning tokens -----------------------------------------------------------------------
+
+SAMPLES = ["two and two make \\boxed{4}", "\\boxed{5}", "it is \\boxed{4}"]  # 5, 1, 3 words
+
+
+async def test_reasoning_tokens_are_all_but_the_returned_sample():
+    backend = ScriptedBackend([(r".*", SAMPLES)])
+    [trace] = await solve_choices(SelfConsistency(CoT(), n=3), task(), backend)
+    # The double counts a word as a token: 5 + 1 + 3 generated; the first 4-vote returned.
+    assert trace.attempt.text == SAMPLES[0]
+    assert trace.usage.completion_tokens == 9
+    assert reasoning_tokens([trace], trace.usage) == 9 - 5
+
+
+async def test_reasoning_tokens_sum_the_answers_of_every_choice():
+    backend = ScriptedBackend([(r".*", SAMPLES)])
+    traces = await solve_choices(SelfConsistency(CoT(), n=3), task(), backend, n=2)
+    assert traces[0].usage.completion_tokens == 18  # shared by the two choices
+    assert reasoning_tokens(traces, traces[0].usage) == 18 - 5 - 5
+
+
+async def test_a_plain_generation_has_no_reasoning_tokens():
+    backend = ScriptedBackend([(r".*", SAMPLES)])
+    traces = await solve_choices(CoT(), task(), backend, n=2)
+    assert reasoning_tokens(traces, traces[0].usage) == 0
+
+
+async def test_with_a_format_call_every_strategy_token_is_reasoning():
+    backend = ScriptedBackend([(r".*", reply)])
+    trace = await solve_one(SelfConsistency(CoT(), n=3), task(), backend,
+                            final_constraint=Constraint.from_schema(SCHEMA, name="result"))
+    strategy_tokens = 3 * len(SOLUTION.split())
+    answer_tokens = len('{"answer": 14}'.split())
+    assert trace.usage.completion_tokens == strategy_tokens + answer_tokens
+    assert reasoning_tokens([trace], trace.usage) == strategy_tokens
+
+
+async def test_an_edited_answer_makes_every_token_reasoning():
+    backend = ScriptedBackend([(r".*", SAMPLES)])
+    [trace] = await solve_choices(SelfConsistency(CoT(), n=3), task(), backend)
+    trace.attempt = trace.attempt.model_copy(update={"text": "composed from the samples"})
+    assert reasoning_tokens([trace], trace.usage) == 9

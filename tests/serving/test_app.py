@@ -217,7 +217,8 @@ async def test_usage_totals_and_refinery_extension(scripted_serve, client):
     r = await client.post(url + CHAT, json=chat(refinery={"trace": "summary"}))
     body = r.json()
     # Scripted counts: the prompt is its words + 4, the answer is 4 words.
-    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9}
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9,
+                             "completion_tokens_details": {"reasoning_tokens": 0}}
     assert body["object"] == "chat.completion" and body["id"].startswith("chatcmpl-")
     assert body["refinery"]["calls"] == 1 and body["refinery"]["trace"][0]["events"] == 1
     r = await client.post(url + COMPLETIONS, json={"model": MODEL, "prompt": "2+2?"})
@@ -233,7 +234,8 @@ async def test_n_choices_share_one_budget(scripted_serve, client):
     r = await client.post(url + CHAT, json=chat(n=2, refinery={"budget": {"max_calls": 2}}))
     body = r.json()
     assert [c["index"] for c in body["choices"]] == [0, 1]
-    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18}
+    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 8, "total_tokens": 18,
+                             "completion_tokens_details": {"reasoning_tokens": 0}}
     assert body["refinery"]["calls"] == 2 and len(backend.calls) == 2
     # One call each would fit a budget of 1 alone; two choices on one budget do not.
     r = await client.post(url + CHAT, json=chat(n=2, refinery={"budget": {"max_calls": 1}}))
