@@ -133,6 +133,25 @@ class Constraint(BaseModel):
             return "choice"
         return "grammar"
 
+    @property
+    def max_chars(self) -> int | None:
+        """The longest text the constraint allows, when it is bounded (regex, choice).
+
+        A token writes at least one character, so ``max_chars + 1`` tokens (the
+        last one the end of the sample) always fit a constrained sample whole.
+        """
+        if self.choice is not None:
+            return max(len(c) for c in self.choice)
+        if self.regex is None:
+            return None
+        from re import _parser  # the stdlib's own regex parser (sre_parse)
+
+        try:
+            _, high = _parser.parse(self.regex).getwidth()
+        except (re.error, OverflowError):
+            return None
+        return None if high >= _parser.MAXREPEAT else high
+
     def accepts(self, text: str) -> bool:
         """Whether ``text`` satisfies the constraint (grammars: not checked, True).
 

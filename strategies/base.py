@@ -312,8 +312,18 @@ def with_note(task: Task, note: str) -> Task:
 
 def step_params(ctx: Context, constraint: Constraint | None, **changes: Any) -> SamplingParams:
     """The params of a parsed step: the task's, with the step's own constraint (None on
-    the free-text path, so a constraint meant for the answer never shapes a step)."""
-    return ctx.params.but(constraint=constraint, **changes)
+    the free-text path, so a constraint meant for the answer never shapes a step).
+
+    A bounded constraint raises ``max_tokens`` to what its longest text needs: a
+    sample cut at ``max_tokens`` is not in the constrained shape. On arith, 11 of
+    566 SSR re-solves looped in 1-2 character tokens to a 256-token cap before
+    their 400 characters of reasoning ran out.
+    """
+    params = ctx.params.but(constraint=constraint, **changes)
+    bound = constraint.max_chars if constraint is not None else None
+    if bound is not None and params.max_tokens <= bound:
+        params = params.but(max_tokens=bound + 1)
+    return params
 
 
 def record_parse(ctx: Context, event_id: str, step: str, parsed: Sequence[bool], *,

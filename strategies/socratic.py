@@ -213,8 +213,12 @@ async def decompose(task: Task, ctx: Context, attempt: Attempt, strategy: str,
                     ) -> tuple[list[SubQuestion], list[str], str]:
     """(steps, event ids, note): temperature 0, one retry with the error shown, else []."""
     msgs = _user(DECOMPOSE.format(question=task.question, solution=attempt.text))
+    # JSON has no character bound to raise max_tokens to; twice the cap left room for
+    # every decomposition of the first 20 on arith but one (852 characters of
+    # repeated "2. " in 512 tokens).
+    tokens = 2 * ctx.params.max_tokens if structured else ctx.params.max_tokens
     params = step_params(ctx, decomposition_schema(max_steps) if structured else None,
-                         temperature=0.0)
+                         temperature=0.0, max_tokens=tokens)
     events: list[str] = []
     for step, note in (("decompose", ""), ("decompose_retry", "parsed on retry")):
         gen = await ctx.generate(msgs, params, n=1, step="decompose", strategy=strategy,

@@ -9,8 +9,11 @@ from typer.testing import CliRunner
 
 from refinery import strategies
 from refinery.cli import app
-from refinery.engine.constraints import StructuredModeError, structured_mode
+from refinery.engine.constraints import Constraint, StructuredModeError, structured_mode
+from refinery.engine.context import Context
 from refinery.engine.errors import SpecError
+from refinery.engine.types import SamplingParams
+from refinery.strategies.base import step_params
 from tests.scripted_backend import ScriptedBackend
 
 PARSING = ["best_of_n", "critique_refine", "ssr", "ssr_ada", "ssr_plan", "sage", "dei"]
@@ -50,3 +53,14 @@ def test_spec_language_takes_structured():
     assert strategies.build("sage").params.structured is None
     with pytest.raises(SpecError, match=re.escape("structured expects bool | None, got 1")):
         strategies.build("critique_refine(structured=1)")
+
+
+def test_a_bounded_constraint_raises_max_tokens_to_fit_its_longest_text():
+    c = Constraint.from_regex(r"[^<]{0,40}<answer>[0-9]{1,4}</answer>")
+    assert c.max_chars == 40 + len("<answer></answer>") + 4
+    context = Context(ScriptedBackend([]), params=SamplingParams(max_tokens=16))
+    assert step_params(context, c).max_tokens == c.max_chars + 1
+    assert step_params(context, None).max_tokens == 16  # free text keeps the cap
+    roomy = Context(ScriptedBackend([]), params=SamplingParams(max_tokens=512))
+    assert step_params(roomy, c).max_tokens == 512  # never lowered
+    assert Constraint.from_regex(r"a*").max_chars is None  # unbounded: nothing to raise to
