@@ -39,7 +39,7 @@ from refinery.engine.types import Message, SamplingParams  # noqa: E402
 
 SCHEMA = {"type": "object", "additionalProperties": False,
           "required": ["reasoning", "answer"],
-          "properties": {"reasoning": {"type": "string", "maxLength": 300},
+          "properties": {"reasoning": {"type": "string", "maxLength": 200},
                          "answer": {"type": "integer"}}}
 SIDES = ("free", "constrained")
 
@@ -117,7 +117,7 @@ def report(results: list[dict], cpu: CpuInfo) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=64)
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=2)
     a = ap.parse_args()
     results = asyncio.run(run(a.prompts, a.max_tokens, a.rounds))
