@@ -14,7 +14,7 @@ wall time), median and p90 time to first token, and the share of constrained
 samples that are valid JSON under the schema, then ``ratio constrained/free``
 of tokens/s (target >= 0.85).
 
-    python bench/structured.py [--prompts 64] [--max-tokens 128] [--rounds 2]
+    python bench/structured.py [--prompts 64] [--max-tokens 256] [--rounds 2]
 """
 
 from __future__ import annotations
