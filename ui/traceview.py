@@ -65,8 +65,8 @@ class BudgetRow(BaseModel):
     """What the task used of one budget, against its limit (None: unlimited)."""
 
     name: str
-    used: float
-    limit: float | None = None
+    used: int | float
+    limit: int | float | None = None
     worst_case: int | None = None
 
 

@@ -21,6 +21,8 @@
   }
 
   // -- the spec, checked as it is typed ----------------------------------------------
+  const calls = (n) => `${n} call${n === 1 ? "" : "s"}`;
+
   function specLabel(node) {
     const params = Object.entries(node.params).map(([k, v]) => `${k}=${JSON.stringify(v)}`);
     return params.length ? `${node.name}(${params.join(", ")})` : node.name;
@@ -28,7 +30,7 @@
 
   function specTree(node) {
     const li = el("li");
-    li.append(el("code", specLabel(node)), el("span", ` ≤ ${node.calls} calls`, "muted"));
+    li.append(el("code", specLabel(node)), el("span", ` ≤ ${calls(node.calls)}`, "muted"));
     if (node.inner.length) {
       const ul = el("ul");
       ul.append(...node.inner.map(specTree));
@@ -53,7 +55,7 @@
     }
     const head = el("div");
     head.append(el("span", "✓ ", "ok"), el("code", c.canonical),
-                el("span", ` · worst case ${c.worst_case_calls} calls per question`, "muted"));
+                el("span", ` · worst case ${calls(c.worst_case_calls)} per question`, "muted"));
     if (c.preset) head.append(el("span", ` · preset ${c.preset}`, "muted"));
     const tree = el("ul", undefined, "spec-tree");
     tree.append(specTree(c.graph));
