@@ -41,9 +41,11 @@ $(STAMP):
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 
+# bubblewrap + setpriv: the code sandbox; chromium: the web page's browser tests
+# (tests/ui/test_browser.py, driven by the dev extra's playwright; no browser download).
 system-packages:
-	@command -v bwrap >/dev/null && command -v setpriv >/dev/null || { \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap util-linux >/dev/null; }
+	@command -v bwrap >/dev/null && command -v setpriv >/dev/null && command -v chromium >/dev/null || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap util-linux chromium >/dev/null; }
 
 serve: setup
 	$(VENV)/bin/refinery serve --host $(HOST) --port $(PORT) --model $(MODEL)
