@@ -14,6 +14,8 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?= smollm2-135m
+# The eval runs the web page (/ui/runs) lists.
+RUNS ?= runs
 # vLLM CPU: KV cache in GiB, and no engine subprocess surprises in tests.
 export VLLM_CPU_KVCACHE_SPACE ?= 4
 export TOKENIZERS_PARALLELISM ?= false
@@ -48,7 +50,7 @@ system-packages:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap util-linux chromium >/dev/null; }
 
 serve: setup
-	$(VENV)/bin/refinery serve --host $(HOST) --port $(PORT) --model $(MODEL)
+	$(VENV)/bin/refinery serve --host $(HOST) --port $(PORT) --model $(MODEL) --runs $(RUNS)
 
 test: setup
 	$(VENV)/bin/ruff check .
