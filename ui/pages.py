@@ -49,6 +49,8 @@ MAX_FORM_FIELDS = 8
 
 env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True,
                   undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+# A whole number without its ".0" (900.0 seconds reads 900), others as they are.
+env.filters["qty"] = lambda x: int(x) if isinstance(x, float) and x.is_integer() else x
 
 
 def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
