@@ -14,6 +14,8 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?= smollm2-135m
+# The eval runs the web page (/ui/runs) lists.
+RUNS ?= runs
 # vLLM CPU: KV cache in GiB, and no engine subprocess surprises in tests.
 export VLLM_CPU_KVCACHE_SPACE ?= 4
 export TOKENIZERS_PARALLELISM ?= false
@@ -41,12 +43,14 @@ $(STAMP):
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
 
+# bubblewrap + setpriv: the code sandbox; chromium: the web page's browser tests
+# (tests/ui/test_browser.py, driven by the dev extra's playwright; no browser download).
 system-packages:
-	@command -v bwrap >/dev/null && command -v setpriv >/dev/null || { \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap util-linux >/dev/null; }
+	@command -v bwrap >/dev/null && command -v setpriv >/dev/null && command -v chromium >/dev/null || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap util-linux chromium >/dev/null; }
 
 serve: setup
-	$(VENV)/bin/refinery serve --host $(HOST) --port $(PORT) --model $(MODEL)
+	$(VENV)/bin/refinery serve --host $(HOST) --port $(PORT) --model $(MODEL) --runs $(RUNS)
 
 test: setup
 	$(VENV)/bin/ruff check .

@@ -223,13 +223,16 @@ def serve(
         "1.1-1.2x the tokens/s on CPU, but the engine starts in about 50 s instead of "
         "about 13 s (bench/compile_mode.py)"),
     dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    runs: str = typer.Option(None, help="eval runs directory the web page (/ui) lists"),
 ) -> None:
-    """Serve an OpenAI-compatible API with strategies selectable per request."""
+    """Serve an OpenAI-compatible API with strategies selectable per request, and its
+    web page at /ui (playground, eval runs, trace explorer; same API keys)."""
     import signal
 
     import uvicorn
 
     from refinery.serving import ServerConfig, create_app, load_api_keys
+    from refinery.ui import mount_ui
 
     config = ServerConfig(model=model, default_strategy=default_strategy,
                           api_keys=load_api_keys(api_key_file),
@@ -239,7 +242,7 @@ def serve(
                           graceful_timeout=graceful_timeout)
     spec = BackendSpec(model, backend, tuple(base_url or ()), api_key=upstream_api_key,
                        dtype=dtype, compile_graph=compile_graph)
-    app_ = create_app(config, backend_factory=lambda: make_backend(spec))
+    app_ = mount_ui(create_app(config, backend_factory=lambda: make_backend(spec)), runs=runs)
     if host not in ("127.0.0.1", "localhost", "::1") and not config.api_keys:
         typer.secho(f"warning: serving on {host} without API keys", fg="yellow", err=True)
     server = uvicorn.Server(uvicorn.Config(app_, host=host, port=port, log_level="info",
@@ -259,6 +262,33 @@ def serve(
         typer.secho("error: the model engine died; exiting (--on-engine-death "
                     f"{on_engine_death.value})", fg="red", err=True)
         raise typer.Exit(ENGINE_DIED_EXIT_CODE)
+
+
+@app.command()
+def ui(
+    runs: str = typer.Option("runs", help="directory of eval runs (refinery eval run --out)"),
+    host: str = typer.Option("127.0.0.1", help="bind address (loopback by default)"),
+    port: int = typer.Option(8001),
+    api_key_file: str = typer.Option(None, help="file of accepted API keys, one per line "
+                                     "(also: REFINERY_API_KEYS, comma-separated)"),
+) -> None:
+    """Serve the web page over eval runs and their traces, without a model (no engine)."""
+    from pathlib import Path
+
+    import uvicorn
+
+    from refinery.serving import load_api_keys
+    from refinery.ui import UISettings, create_ui_app
+
+    if not Path(runs).is_dir():
+        fail(f"no directory {runs!r} (make one with refinery eval run --out {runs}/NAME)",
+             status=2)
+    keys = load_api_keys(api_key_file)
+    if host not in ("127.0.0.1", "localhost", "::1") and not keys:
+        typer.secho(f"warning: serving on {host} without API keys", fg="yellow", err=True)
+    typer.secho(f"refinery ui: http://{host}:{port}/ui/runs", fg="cyan", err=True)
+    uvicorn.run(create_ui_app(UISettings(api_keys=keys, runs=Path(runs))), host=host,
+                port=port, log_level="warning")
 
 
 def _mount_subcommands() -> None:

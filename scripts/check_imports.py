@@ -25,7 +25,7 @@ import networkx as nx
 
 import refinery
 
-LAYERS = ("engine", "verifiers", "strategies", "serving", "eval", "distill")
+LAYERS = ("engine", "verifiers", "strategies", "serving", "eval", "distill", "ui")
 
 
 def modules() -> dict[str, Path]:

@@ -25,23 +25,48 @@ def server_state(request: Request) -> ServerState:
 State = Annotated[ServerState, Depends(server_state)]
 
 
+KEY_COOKIE = "refinery_key"  # set by the web page's login (refinery.ui.auth), HttpOnly
+
+
+def presented_keys(request: Request) -> list[str]:
+    """The API keys a request carries: its ``Authorization: Bearer`` key, then its cookie.
+
+    A browser cannot add a bearer header to a page load, so the web page's login
+    keeps the key in an HttpOnly, SameSite=Strict cookie; the API accepts it too
+    (the page's own ``fetch`` calls), and no other site can make a browser send it.
+    """
+    header = request.headers.get("authorization", "")
+    keys = [header[7:]] if header.lower().startswith("bearer ") else []
+    cookie = request.cookies.get(KEY_COOKIE)
+    return [*keys, cookie] if cookie else keys
+
+
+def key_accepted(token: str, keys: frozenset[str]) -> bool:
+    """Whether ``token`` is one of ``keys``, compared in constant time against each."""
+    ok = False
+    for key in keys:  # every key, without early exit
+        ok |= hmac.compare_digest(token.encode(), key.encode())
+    return ok
+
+
+def check_key(request: Request, keys: frozenset[str]) -> None:
+    """Refuse a request that carries none of ``keys`` (no keys configured: open).
+
+    Raises:
+        AuthenticationError: no bearer header or cookie with a known key.
+    """
+    if keys and not any(key_accepted(t, keys) for t in presented_keys(request)):
+        raise AuthenticationError("invalid or missing API key", code="invalid_api_key")
+
+
 async def authorize(request: Request, state: State) -> None:
     """Refuse a request without one of the server's API keys (none configured: open).
 
     Raises:
-        AuthenticationError: no ``Authorization: Bearer KEY`` header with a known key.
+        AuthenticationError: no ``Authorization: Bearer KEY`` header (or the web
+            page's cookie) with a known key.
     """
-    keys = state.config.api_keys
-    if not keys:
-        return
-    header = request.headers.get("authorization", "")
-    token = header[7:] if header.lower().startswith("bearer ") else ""
-    # Compare against every key, in constant time each, without early exit.
-    ok = False
-    for key in keys:
-        ok |= hmac.compare_digest(token.encode(), key.encode())
-    if not ok:
-        raise AuthenticationError("invalid or missing API key", code="invalid_api_key")
+    check_key(request, state.config.api_keys)
 
 
 async def admit(state: State) -> AsyncIterator[None]:

@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-LAYERS = ["engine", "strategies", "verifiers", "serving", "eval", "distill"]
+LAYERS = ["engine", "strategies", "verifiers", "serving", "eval", "distill", "ui"]
+# The web page's files, package data a wheel must carry (no Node at run time: these are all).
+UI_FILES = ["templates/base.html", "templates/playground.html", "templates/runs.html",
+            "templates/run.html", "templates/trace.html", "templates/trace_open.html",
+            "templates/login.html", "templates/error.html", "templates/_macros.html",
+            "static/ui.css", "static/playground.js", "static/trace.js"]
 
 
 def _python(code: str, cwd: Path, pythonpath: str | None = None) -> subprocess.CompletedProcess:
@@ -47,3 +52,12 @@ def test_wheel_install_has_one_top_level_package(tmp_path: Path) -> None:
                  tmp_path, pythonpath=str(target))
     assert ok.stdout.strip() == "refinery.engine.errors", ok.stderr
     assert _python("import engine", tmp_path, pythonpath=str(target)).returncode != 0
+    for name in UI_FILES:
+        assert (target / "refinery" / "ui" / name).is_file(), name
+    # The installed page finds its templates and static files in the install, not the clone.
+    page = _python("from refinery.ui.pages import STATIC, TEMPLATES, env; print(TEMPLATES); "
+                   "print(STATIC); print(env.get_template('playground.html').name)",
+                   tmp_path, pythonpath=str(target))
+    assert page.stdout.split() == [str(target / "refinery" / "ui" / "templates"),
+                                   str(target / "refinery" / "ui" / "static"),
+                                   "playground.html"], page.stderr

@@ -1,0 +1,90 @@
+"""The page's routes: thin, each one a page context rendered, or a redirect.
+
+Every page and the page's JSON API are behind ``require_key`` (the server's API
+keys, by bearer header or the login cookie); the login form and the static
+files are not. None is in the OpenAPI schema: the schema documents the API.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+
+from refinery.engine.errors import AuthenticationError
+from refinery.ui.auth import login_response, logout_response, require_key, ui_settings
+from refinery.ui.pages import (
+    form_fields,
+    posted_trace_page,
+    render,
+    run_page,
+    run_trace_page,
+    runs_page,
+)
+from refinery.ui.specs import SpecCheck, check_spec
+
+router = APIRouter(prefix="/ui", include_in_schema=False)
+PAGE = [Depends(require_key)]
+
+
+@router.get("", dependencies=PAGE)
+async def playground(request: Request) -> HTMLResponse:
+    return render(request, "playground.html", page="playground")
+
+
+@router.get("/runs", dependencies=PAGE)
+async def runs(request: Request) -> HTMLResponse:
+    return render(request, "runs.html", page="runs", **runs_page(ui_settings(request)))
+
+
+@router.get("/run", dependencies=PAGE)
+async def run(request: Request, path: str = Query(max_length=1000)) -> HTMLResponse:
+    return render(request, "run.html", page="runs", **run_page(ui_settings(request), path))
+
+
+@router.get("/trace", dependencies=PAGE)
+async def trace(request: Request, run: str | None = Query(None, max_length=1000),
+                task: str | None = Query(None, max_length=1000)) -> HTMLResponse:
+    """A run's problem's trace; without both parameters, the form to paste one."""
+    if run is None or task is None:
+        return render(request, "trace_open.html", page="trace")
+    context = run_trace_page(ui_settings(request), run, task)
+    return render(request, "trace.html", page="trace", **context)
+
+
+@router.post("/trace", dependencies=PAGE)
+async def posted_trace(request: Request) -> HTMLResponse:
+    context = posted_trace_page(ui_settings(request), await form_fields(request))
+    return render(request, "trace.html", page="trace", **context)
+
+
+@router.get("/api/spec", dependencies=PAGE)
+async def spec(request: Request, spec: str = Query(max_length=4000)) -> SpecCheck:
+    """The spec checked as the server would run it (errors, did-you-mean, worst case)."""
+    settings = ui_settings(request)
+    return check_spec(spec, settings.max_spec_calls, settings.presets)
+
+
+@router.get("/login")
+async def login_form(request: Request, key: str | None = Query(None, max_length=4096),
+                     next_url: str | None = Query(None, alias="next", max_length=2000),
+                     ) -> Response:
+    """The login form; ``?key=KEY`` logs in at once (for a link), then drops the key."""
+    if key is not None:
+        return login_response(ui_settings(request), request, key, next_url)
+    return render(request, "login.html", page="login", next=next_url or "", message=None)
+
+
+@router.post("/login")
+async def login(request: Request) -> Response:
+    fields = await form_fields(request)
+    try:
+        return login_response(ui_settings(request), request, fields.get("key", ""),
+                              fields.get("next"))
+    except AuthenticationError as exc:
+        return render(request, "login.html", status=401, page="login",
+                      next=fields.get("next", ""), message=exc.message)
+
+
+@router.post("/logout")
+async def logout() -> RedirectResponse:
+    return logout_response()

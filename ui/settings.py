@@ -1,0 +1,46 @@
+"""What the web page needs to know about the server it is part of (or its absence)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from refinery.engine.context import Budget
+from refinery.engine.graph import DEFAULT_MAX_CALLS
+from refinery.serving.config import ServerConfig
+
+
+@dataclass(frozen=True)
+class UISettings:
+    """Settings of the page: keys, where eval runs are, and the served model if any.
+
+    ``model=None`` is ``refinery ui``: runs and traces from disk, no engine, so
+    the playground says where to get one. ``limits`` are the server's per-request
+    caps: a playground request sends no budget, so these are the limits its
+    trace is shown against.
+    """
+
+    api_keys: frozenset[str] = frozenset()
+    runs: Path | None = None
+    model: str | None = None
+    presets: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    default_strategy: str | None = None
+    max_spec_calls: int = DEFAULT_MAX_CALLS
+    limits: Budget = field(default_factory=Budget)
+    default_max_tokens: int = 512
+    default_temperature: float = 0.7
+
+    @classmethod
+    def of_server(cls, config: ServerConfig, runs: str | Path | None = None) -> UISettings:
+        """The page of a ``refinery serve`` with ``config``: same keys, model and presets."""
+        return cls(api_keys=config.api_keys, runs=Path(runs) if runs else None,
+                   model=config.model, presets=MappingProxyType(dict(config.presets)),
+                   default_strategy=config.default_strategy,
+                   max_spec_calls=config.max_spec_calls,
+                   limits=Budget(max_calls=config.max_request_calls,
+                                 max_tokens=config.max_request_tokens,
+                                 max_seconds=config.max_request_seconds),
+                   default_max_tokens=config.default_max_tokens,
+                   default_temperature=config.default_temperature)
