@@ -1,0 +1,207 @@
+"""DeepConf: voting over the most confident traces, stopping unconfident ones early."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field
+
+from refinery.engine.confidence import ConfidenceRule, percentile
+from refinery.engine.context import Context
+from refinery.engine.errors import BudgetExhausted, SpecError
+from refinery.engine.graph import ChildCost
+from refinery.engine.types import Attempt, Task
+from refinery.strategies.base import SampledParams, Strategy, dedupe, exc_message
+from refinery.strategies.cot import CoT
+from refinery.verifiers.math import normalize_answer
+
+
+@dataclass(frozen=True)
+class Voter:
+    """One trace as the vote sees it: its answer key, confidence, stop and weight."""
+
+    attempt: Attempt
+    key: str  # normalised answer, "" for none
+    confidence: float | None  # lowest group confidence; None: the backend sent no logprobs
+    stopped_at: int | None  # tokens when the threshold stopped it
+    weight: float  # 0: does not vote
+
+    def record(self) -> dict[str, Any]:
+        return {"answer": self.key or None, "confidence": self.confidence,
+                "stopped_at": self.stopped_at, "weight": self.weight}
+
+
+def voter(attempt: Attempt, threshold: float | None) -> Voter:
+    """A trace votes with its confidence as weight if it has an answer, was not stopped,
+    and its confidence reaches the threshold (1 each when confidence is unknown)."""
+    m = attempt.metadata.get("measures") or {}
+    conf, stop = m.get("confidence"), m.get("stopped_at")
+    key = normalize_answer(attempt.answer) if attempt.answer else ""
+    kept = bool(key) and stop is None and (threshold is None or conf is None or conf >= threshold)
+    return Voter(attempt, key, conf, stop, (1.0 if conf is None else conf) if kept else 0.0)
+
+
+@dataclass(frozen=True)
+class Ended:
+    """Why sampling ended: ``offline``, ``consensus``, ``n`` traces, or the ``budget``."""
+
+    reason: str
+    budget: str | None = None  # the budget's message
+
+
+def tally(voters: Sequence[Voter]) -> dict[str, float]:
+    votes: dict[str, float] = {}
+    for v in voters:
+        if v.weight > 0:
+            votes[v.key] = votes.get(v.key, 0.0) + v.weight
+    return votes
+
+
+def share(votes: dict[str, float]) -> float:
+    """The leading answer's share of the weighted vote (0 with no vote)."""
+    total = sum(votes.values())
+    return max(votes.values()) / total if total > 0 else 0.0
+
+
+class DeepConf(Strategy):
+    """``deepconf(cot, n=8, mode=online)``: confidence-filtered, confidence-weighted voting.
+
+    A trace's confidence is its lowest group confidence (engine/confidence.py:
+    minus the mean top-``top_k`` log-probability per token, averaged over a
+    sliding ``window``), measured by the backend as the trace streams.
+    Offline: ``n`` traces; the top ``eta`` % by confidence (at or above the
+    ``100 - eta`` percentile) vote, each with its confidence as weight.
+    Online: ``warmup`` traces set the threshold at that percentile of their
+    confidences; then traces come in concurrent batches of ``batch``, each
+    stopped by the backend (request aborted, finish ``confidence``) as soon
+    as a window's mean falls below the threshold, until the leading answer
+    holds ``consensus`` of the weighted vote or ``n`` traces were drawn.
+    Votes: traces with an answer, not stopped, at or above the threshold.
+    The answer's text is its most confident voter; ``score`` its share.
+    With no voter, every trace with an answer votes. The inner strategy must
+    be a cot variant (cot, re2, cot_reflection): one generation per trace.
+
+    Source: Fu, Wang, Tian and Zhao, "Deep Think with Confidence" (2025);
+    OptiLLM's ``deepconf``.
+
+    Example:
+        >>> attempt = await DeepConf(CoT(), n=8, window=64).solve(task, ctx)
+        >>> attempt.metadata["threshold"], attempt.metadata["traces"]
+        (9.84, 5)
+    """
+
+    name = "deepconf"
+    min_inner = max_inner = 1
+    default_inner = (CoT,)
+
+    class Params(SampledParams):
+        mode: Literal["online", "offline"] = Field("online", description="online: warm-up, "
+                                                   "early stops and consensus; offline: n traces")
+        eta: float = Field(90.0, gt=0.0, le=100.0, description="percent of traces kept: 10 "
+                           "DeepConf-low, 90 DeepConf-high")
+        warmup: int = Field(3, ge=1, le=64, description="online: traces that set the "
+                            "threshold (at most n)")
+        window: int = Field(64, ge=1, description="tokens per confidence group")
+        consensus: float = Field(0.95, gt=0.0, le=1.0, description="online: stop once the "
+                                 "leading answer holds this share of the weighted vote")
+        top_k: int = Field(20, ge=1, le=20, description="candidates per token confidence")
+        batch: int = Field(2, ge=1, le=64, description="online: traces drawn at once after "
+                           "the warm-up")
+
+    def __init__(self, *inner: Strategy, **params: Any) -> None:
+        super().__init__(*inner, **params)
+        self.check_inner(self.inner)
+
+    @classmethod
+    def from_validated(cls, inner: Sequence[Strategy], params: Any) -> DeepConf:
+        cls.check_inner(inner)
+        return super().from_validated(inner, params)
+
+    @staticmethod
+    def check_inner(inner: Sequence[Strategy]) -> None:
+        if not isinstance(inner[0], CoT):
+            raise SpecError(f"deepconf needs a cot variant inside (cot, re2, cot_reflection): "
+                            f"its traces are single generations, got {inner[0].name}")
+
+    @staticmethod
+    def worst_case(params: Params, children: Sequence[ChildCost]) -> int:
+        warm = min(params.warmup, params.n)
+        return 1 if params.mode == "offline" else 1 + math.ceil((params.n - warm) / params.batch)
+
+    async def solve(self, task: Task, ctx: Context) -> Attempt:
+        p = self.params
+        first = p.n if p.mode == "offline" else min(p.warmup, p.n)
+        pool = [voter(a, None) for a in await self.sample(task, ctx, first, None)]
+        confs = [v.confidence for v in pool if v.confidence is not None]
+        threshold = percentile(confs, 100 - p.eta) if confs else None
+        ctx.emit("threshold", f"stop below {_num(threshold)}", strategy=self.name,
+                 parents=dedupe(e for v in pool for e in v.attempt.events),
+                 threshold=threshold, percentile=100 - p.eta, confidences=confs)
+        pool = [voter(v.attempt, threshold) for v in pool]
+        ended = Ended("offline")
+        if p.mode == "online":
+            pool, ended = await self.extend(task, ctx, pool, threshold)
+        return self.decide(ctx, pool, threshold, ended)
+
+    async def sample(self, task: Task, ctx: Context, k: int,
+                     threshold: float | None) -> list[Attempt]:
+        p = self.params
+        rule = ConfidenceRule(top_k=p.top_k, window=p.window, threshold=threshold)
+        inner: CoT = self.inner[0]  # type: ignore[assignment]
+        return await inner.sample(task, ctx.inner().fork(stop_rule=rule), k,
+                                  temperature=p.temperature)
+
+    async def extend(self, task: Task, ctx: Context, pool: list[Voter],
+                     threshold: float | None) -> tuple[list[Voter], Ended]:
+        """Online: batches of monitored traces until consensus, ``n`` traces or the budget."""
+        p = self.params
+        while share(tally(pool)) < p.consensus:
+            if len(pool) >= p.n:
+                return pool, Ended("n")
+            try:
+                more = await self.sample(task, ctx, min(p.batch, p.n - len(pool)), threshold)
+            except BudgetExhausted as exc:
+                return pool, Ended("budget", exc_message(exc))
+            pool = pool + [voter(a, threshold) for a in more]
+            self.emit_vote(ctx, pool, more, threshold)
+        return pool, Ended("consensus")
+
+    def emit_vote(self, ctx: Context, pool: list[Voter], new: list[Attempt],
+                  threshold: float | None) -> str:
+        votes = tally(pool)
+        stopped = sum(v.stopped_at is not None for v in pool)
+        text = (", ".join(f"{k}: {w:.1f}" for k, w in votes.items()) or "no vote") + (
+            f"; share {share(votes):.2f}; {stopped} of {len(pool)} traces stopped")
+        return ctx.emit("vote", text, strategy=self.name,
+                        parents=dedupe(e for a in new for e in a.events), votes=votes,
+                        share=share(votes), threshold=threshold,
+                        traces=[v.record() for v in pool])
+
+    def decide(self, ctx: Context, pool: list[Voter], threshold: float | None,
+               ended: Ended) -> Attempt:
+        voters = [v for v in pool if v.weight > 0] or [
+            Voter(v.attempt, v.key, v.confidence, v.stopped_at, v.confidence or 1.0)
+            for v in pool if v.key]
+        votes = tally(voters)
+        best = max(votes, key=votes.get) if votes else None
+        group = [v for v in voters if v.key == best] or pool
+        chosen = max(group, key=lambda v: v.confidence if v.confidence is not None else -1.0)
+        eid = ctx.emit("select", chosen.attempt.answer or "", strategy=self.name,
+                       parents=dedupe(chosen.attempt.events), votes=votes, share=share(votes),
+                       threshold=threshold, ended=ended.reason,
+                       traces=[v.record() for v in pool])
+        meta = {"votes": votes, "threshold": threshold, "traces": len(pool),
+                "stopped_traces": sum(v.stopped_at is not None for v in pool),
+                "voters": len(voters), "ended": ended.reason, "mode": self.params.mode}
+        if ended.budget is not None:
+            meta["budget_exhausted"] = ended.budget
+        return chosen.attempt.model_copy(update={
+            "strategy": self.name, "score": share(votes), "events": [eid],
+            "metadata": meta})
+
+
+def _num(x: float | None) -> str:
+    return "none (no logprobs)" if x is None else f"{x:.3f}"
