@@ -19,19 +19,23 @@ def level(c: float) -> list[float]:
 
 class Traces:
     """Scripted traces in call order: trace j answers ``answer`` with one word per
-    confidence in ``confs`` (its first word names it, its last is the boxed answer)."""
+    confidence in ``confs``. Its first word names it (``ta``, ``tb``...: no digit to
+    read as an answer); the boxed answer is its last word, or its second with
+    ``early=True``."""
 
-    def __init__(self, *specs: tuple[str, list[float]]) -> None:
+    def __init__(self, *specs: tuple) -> None:
         self.specs = list(specs)
         self.drawn = 0
 
     def reply(self, messages, params, i) -> str:
         j, self.drawn = self.drawn, self.drawn + 1
-        answer, confs = self.specs[j]
-        return " ".join([f"t{j}", *["w"] * (len(confs) - 2), f"\\boxed{{{answer}}}"])
+        answer, confs, *early = self.specs[j]
+        words = [f"t{chr(97 + j)}", *["ww"] * (len(confs) - 2)]
+        boxed = f"\\boxed{{{answer}}}" if answer else "ww"
+        return " ".join([words[0], boxed, *words[1:]] if early else [*words, boxed])
 
     def tops(self, text: str, i: int) -> list[list[float]]:
-        return [level(c) for c in self.specs[int(text.split()[0][1:])][1]]
+        return [level(c) for c in self.specs[ord(text.split()[0][1]) - 97][1]]
 
     def backend(self) -> ScriptedBackend:
         return ScriptedBackend([(r".*", self.reply)], watch=True, tops=self.tops)
@@ -67,7 +71,7 @@ async def test_the_threshold_comes_from_the_warmup_and_stops_a_later_trace_in_ti
     # Voters: at or above 7.0 and not stopped: 20 (7.0), 18 (8.0), 18 (9.0).
     assert attempt.answer == "18" and attempt.metadata["votes"] == {"20": 7.0, "18": 17.0}
     assert attempt.metadata["stopped_traces"] == 1 and attempt.metadata["ended"] == "n"
-    assert attempt.text.startswith("t4")  # the most confident voter of the answer
+    assert attempt.text.startswith("te")  # the most confident voter of the answer
 
 
 async def test_the_vote_is_weighted_by_confidence_not_counted():
