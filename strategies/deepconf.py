@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from pydantic import Field
@@ -21,13 +21,14 @@ from refinery.verifiers.math import normalize_answer
 
 @dataclass(frozen=True)
 class Voter:
-    """One trace as the vote sees it: its answer key, confidence, stop and weight."""
+    """One trace as the vote sees it: answer key ("" for none), lowest group confidence
+    (None: no logprobs), where the threshold stopped it, and its weight (0: no vote)."""
 
     attempt: Attempt
-    key: str  # normalised answer, "" for none
-    confidence: float | None  # lowest group confidence; None: the backend sent no logprobs
-    stopped_at: int | None  # tokens when the threshold stopped it
-    weight: float  # 0: does not vote
+    key: str
+    confidence: float | None
+    stopped_at: int | None
+    weight: float
 
     def record(self) -> dict[str, Any]:
         return {"answer": self.key or None, "confidence": self.confidence,
@@ -35,21 +36,13 @@ class Voter:
 
 
 def voter(attempt: Attempt, threshold: float | None) -> Voter:
-    """A trace votes with its confidence as weight if it has an answer, was not stopped,
-    and its confidence reaches the threshold (1 each when confidence is unknown)."""
+    """A trace votes, its confidence as weight (1 if unknown), when it has an answer,
+    was not stopped and its confidence reaches the threshold."""
     m = attempt.metadata.get("measures") or {}
     conf, stop = m.get("confidence"), m.get("stopped_at")
     key = normalize_answer(attempt.answer) if attempt.answer else ""
     kept = bool(key) and stop is None and (threshold is None or conf is None or conf >= threshold)
     return Voter(attempt, key, conf, stop, (1.0 if conf is None else conf) if kept else 0.0)
-
-
-@dataclass(frozen=True)
-class Ended:
-    """Why sampling ended: ``offline``, ``consensus``, ``n`` traces, or the ``budget``."""
-
-    reason: str
-    budget: str | None = None  # the budget's message
 
 
 def tally(voters: Sequence[Voter]) -> dict[str, float]:
@@ -64,6 +57,34 @@ def share(votes: dict[str, float]) -> float:
     """The leading answer's share of the weighted vote (0 with no vote)."""
     total = sum(votes.values())
     return max(votes.values()) / total if total > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class Ended:
+    """Why sampling ended: ``offline``, ``consensus``, ``n`` traces, or ``budget``."""
+
+    reason: str
+    budget: str | None = None  # the budget's message
+
+
+@dataclass(frozen=True)
+class Election:
+    """The vote's outcome: the answer's most confident voter, the votes, the voters."""
+
+    chosen: Voter
+    votes: dict[str, float]
+    voters: int
+
+
+def elect(pool: Sequence[Voter]) -> Election:
+    """Weighted vote; with no voter, every trace with an answer votes (stopped ones too)."""
+    voters = [v for v in pool if v.weight > 0] or [
+        replace(v, weight=v.confidence or 1.0) for v in pool if v.key]
+    votes = tally(voters)
+    best = max(votes, key=votes.__getitem__) if votes else None
+    group = [v for v in voters if v.key == best] or list(pool)
+    chosen = max(group, key=lambda v: -math.inf if v.confidence is None else v.confidence)
+    return Election(chosen, votes, len(voters))
 
 
 class DeepConf(Strategy):
@@ -81,8 +102,7 @@ class DeepConf(Strategy):
     holds ``consensus`` of the weighted vote or ``n`` traces were drawn.
     Votes: traces with an answer, not stopped, at or above the threshold.
     The answer's text is its most confident voter; ``score`` its share.
-    With no voter, every trace with an answer votes. The inner strategy must
-    be a cot variant (cot, re2, cot_reflection): one generation per trace.
+    The inner strategy is a cot variant (cot, re2, cot_reflection).
 
     Source: Fu, Wang, Tian and Zhao, "Deep Think with Confidence" (2025);
     OptiLLM's ``deepconf``.
@@ -102,52 +122,44 @@ class DeepConf(Strategy):
                                                    "early stops and consensus; offline: n traces")
         eta: float = Field(90.0, gt=0.0, le=100.0, description="percent of traces kept: 10 "
                            "DeepConf-low, 90 DeepConf-high")
-        warmup: int = Field(3, ge=1, le=64, description="online: traces that set the "
-                            "threshold (at most n)")
+        warmup: int = Field(3, ge=1, le=64, description="online: traces setting the threshold")
         window: int = Field(64, ge=1, description="tokens per confidence group")
         consensus: float = Field(0.95, gt=0.0, le=1.0, description="online: stop once the "
                                  "leading answer holds this share of the weighted vote")
         top_k: int = Field(20, ge=1, le=20, description="candidates per token confidence")
-        batch: int = Field(2, ge=1, le=64, description="online: traces drawn at once after "
-                           "the warm-up")
+        batch: int = Field(2, ge=1, le=64, description="online: traces drawn at once later")
 
     def __init__(self, *inner: Strategy, **params: Any) -> None:
         super().__init__(*inner, **params)
-        self.check_inner(self.inner)
+        cot_inside(self.inner)
 
     @classmethod
     def from_validated(cls, inner: Sequence[Strategy], params: Any) -> DeepConf:
-        cls.check_inner(inner)
-        return super().from_validated(inner, params)
-
-    @staticmethod
-    def check_inner(inner: Sequence[Strategy]) -> None:
-        if not isinstance(inner[0], CoT):
-            raise SpecError(f"deepconf needs a cot variant inside (cot, re2, cot_reflection): "
-                            f"its traces are single generations, got {inner[0].name}")
+        return super().from_validated(cot_inside(inner), params)
 
     @staticmethod
     def worst_case(params: Params, children: Sequence[ChildCost]) -> int:
-        warm = min(params.warmup, params.n)
-        return 1 if params.mode == "offline" else 1 + math.ceil((params.n - warm) / params.batch)
+        later = math.ceil(max(0, params.n - params.warmup) / params.batch)
+        return 1 if params.mode == "offline" else 1 + later
 
     async def solve(self, task: Task, ctx: Context) -> Attempt:
         p = self.params
         first = p.n if p.mode == "offline" else min(p.warmup, p.n)
-        pool = [voter(a, None) for a in await self.sample(task, ctx, first, None)]
-        confs = [v.confidence for v in pool if v.confidence is not None]
+        warm = await self.sample(task, ctx, first, None)
+        confs = [c for a in warm if (c := voter(a, None).confidence) is not None]
         threshold = percentile(confs, 100 - p.eta) if confs else None
-        ctx.emit("threshold", f"stop below {_num(threshold)}", strategy=self.name,
-                 parents=dedupe(e for v in pool for e in v.attempt.events),
-                 threshold=threshold, percentile=100 - p.eta, confidences=confs)
-        pool = [voter(v.attempt, threshold) for v in pool]
-        ended = Ended("offline")
+        said = "none (no logprobs)" if threshold is None else f"{threshold:.3f}"
+        ctx.emit("threshold", f"stop below {said}", strategy=self.name,
+                 parents=dedupe(e for a in warm for e in a.events), threshold=threshold,
+                 percentile=100 - p.eta, confidences=confs)
+        pool, ended = [voter(a, threshold) for a in warm], Ended("offline")
         if p.mode == "online":
             pool, ended = await self.extend(task, ctx, pool, threshold)
         return self.decide(ctx, pool, threshold, ended)
 
     async def sample(self, task: Task, ctx: Context, k: int,
                      threshold: float | None) -> list[Attempt]:
+        """``k`` traces in one call, each watched by the confidence rule."""
         p = self.params
         rule = ConfidenceRule(top_k=p.top_k, window=p.window, threshold=threshold)
         inner: CoT = self.inner[0]  # type: ignore[assignment]
@@ -156,7 +168,7 @@ class DeepConf(Strategy):
 
     async def extend(self, task: Task, ctx: Context, pool: list[Voter],
                      threshold: float | None) -> tuple[list[Voter], Ended]:
-        """Online: batches of monitored traces until consensus, ``n`` traces or the budget."""
+        """Online: batches of traces until consensus, ``n`` traces or the budget."""
         p = self.params
         while share(tally(pool)) < p.consensus:
             if len(pool) >= p.n:
@@ -166,42 +178,35 @@ class DeepConf(Strategy):
             except BudgetExhausted as exc:
                 return pool, Ended("budget", exc_message(exc))
             pool = pool + [voter(a, threshold) for a in more]
-            self.emit_vote(ctx, pool, more, threshold)
+            votes, stopped = tally(pool), sum(v.stopped_at is not None for v in pool)
+            ctx.emit("vote", ", ".join(f"{k}: {w:.1f}" for k, w in votes.items())
+                     + f"; share {share(votes):.2f}; {stopped} of {len(pool)} stopped",
+                     strategy=self.name, parents=dedupe(e for a in more for e in a.events),
+                     votes=votes, share=share(votes), records=[v.record() for v in pool])
         return pool, Ended("consensus")
-
-    def emit_vote(self, ctx: Context, pool: list[Voter], new: list[Attempt],
-                  threshold: float | None) -> str:
-        votes = tally(pool)
-        stopped = sum(v.stopped_at is not None for v in pool)
-        text = (", ".join(f"{k}: {w:.1f}" for k, w in votes.items()) or "no vote") + (
-            f"; share {share(votes):.2f}; {stopped} of {len(pool)} traces stopped")
-        return ctx.emit("vote", text, strategy=self.name,
-                        parents=dedupe(e for a in new for e in a.events), votes=votes,
-                        share=share(votes), threshold=threshold,
-                        traces=[v.record() for v in pool])
 
     def decide(self, ctx: Context, pool: list[Voter], threshold: float | None,
                ended: Ended) -> Attempt:
-        voters = [v for v in pool if v.weight > 0] or [
-            Voter(v.attempt, v.key, v.confidence, v.stopped_at, v.confidence or 1.0)
-            for v in pool if v.key]
-        votes = tally(voters)
-        best = max(votes, key=votes.get) if votes else None
-        group = [v for v in voters if v.key == best] or pool
-        chosen = max(group, key=lambda v: v.confidence if v.confidence is not None else -1.0)
-        eid = ctx.emit("select", chosen.attempt.answer or "", strategy=self.name,
-                       parents=dedupe(chosen.attempt.events), votes=votes, share=share(votes),
-                       threshold=threshold, ended=ended.reason,
-                       traces=[v.record() for v in pool])
-        meta = {"votes": votes, "threshold": threshold, "traces": len(pool),
+        won = elect(pool)
+        meta = {"votes": won.votes, "threshold": threshold, "traces": len(pool),
                 "stopped_traces": sum(v.stopped_at is not None for v in pool),
-                "voters": len(voters), "ended": ended.reason, "mode": self.params.mode}
+                "voters": won.voters, "ended": ended.reason, "mode": self.params.mode}
         if ended.budget is not None:
             meta["budget_exhausted"] = ended.budget
-        return chosen.attempt.model_copy(update={
-            "strategy": self.name, "score": share(votes), "events": [eid],
-            "metadata": meta})
+        eid = ctx.emit("select", won.chosen.attempt.answer or "", strategy=self.name,
+                       parents=dedupe(won.chosen.attempt.events), share=share(won.votes),
+                       records=[v.record() for v in pool], **meta)
+        return won.chosen.attempt.model_copy(update={
+            "strategy": self.name, "score": share(won.votes), "events": [eid], "metadata": meta})
 
 
-def _num(x: float | None) -> str:
-    return "none (no logprobs)" if x is None else f"{x:.3f}"
+def cot_inside(inner: Sequence[Strategy]) -> Sequence[Strategy]:
+    """``inner``, if it is one cot variant (a trace must be one generation).
+
+    Raises:
+        SpecError: another strategy inside.
+    """
+    if not isinstance(inner[0], CoT):
+        raise SpecError(f"deepconf needs a cot variant inside (cot, re2, cot_reflection), "
+                        f"got {inner[0].name}: a trace must be a single generation")
+    return inner

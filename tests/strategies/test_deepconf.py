@@ -89,9 +89,9 @@ async def test_offline_keeps_the_top_eta_percent():
     attempt = await deepconf(n=4, mode="offline", eta=50.0).solve(task(), run)
     assert attempt.metadata["votes"] == {"3": 15.0}  # 7 and 8 are the top half
     [select] = [e for e in run.trace.events if e.step == "select"]
-    weights = [t["weight"] for t in select.data["traces"]]
+    weights = [t["weight"] for t in select.data["records"]]
     assert weights == [0.0, 0.0, 7.0, 8.0]
-    assert [t["confidence"] for t in select.data["traces"]] == [5.0, 6.0, 7.0, 8.0]
+    assert [t["confidence"] for t in select.data["records"]] == [5.0, 6.0, 7.0, 8.0]
 
 
 async def test_consensus_stops_sampling_after_the_warmup():
