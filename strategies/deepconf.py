@@ -96,11 +96,12 @@ class DeepConf(Strategy):
     Offline: ``n`` traces; the top ``eta`` % by confidence (at or above the
     ``100 - eta`` percentile) vote, each with its confidence as weight.
     Online: ``warmup`` traces set the threshold at that percentile of their
-    confidences; then traces come in concurrent batches of ``batch``, each
-    stopped by the backend (request aborted, finish ``confidence``) as soon
-    as a window's mean falls below the threshold, until the leading answer
-    holds ``consensus`` of the weighted vote or ``n`` traces were drawn.
-    Votes: traces with an answer, not stopped, at or above the threshold.
+    confidences and all vote; then traces come in concurrent batches of
+    ``batch``, each stopped by the backend (request aborted, finish
+    ``confidence``) as soon as a window's mean falls below the threshold,
+    until the leading answer holds ``consensus`` of the weighted vote or ``n``
+    traces were drawn. Later traces vote if not stopped and at or above the
+    threshold (one shorter than a window is judged whole). No answer, no vote.
     The answer's text is its most confident voter; ``score`` its share.
     The inner strategy is a cot variant (cot, re2, cot_reflection).
 
@@ -152,9 +153,12 @@ class DeepConf(Strategy):
         ctx.emit("threshold", f"stop below {said}", strategy=self.name,
                  parents=dedupe(e for a in warm for e in a.events), threshold=threshold,
                  percentile=100 - p.eta, confidences=confs)
-        pool, ended = [voter(a, threshold) for a in warm], Ended("offline")
-        if p.mode == "online":
-            pool, ended = await self.extend(task, ctx, pool, threshold)
+        if p.mode == "offline":
+            return self.decide(ctx, [voter(a, threshold) for a in warm], threshold,
+                               Ended("offline"))
+        # Online, the warm-up's traces all vote: they set the scale, and filtering them
+        # by their own percentile would leave one voter (an instant consensus) at eta 10.
+        pool, ended = await self.extend(task, ctx, [voter(a, None) for a in warm], threshold)
         return self.decide(ctx, pool, threshold, ended)
 
     async def sample(self, task: Task, ctx: Context, k: int,

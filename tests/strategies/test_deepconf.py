@@ -68,8 +68,8 @@ async def test_the_threshold_comes_from_the_warmup_and_stops_a_later_trace_in_ti
     assert c.measures["stopped_at"] == 7 and c.completion_tokens == 7
     assert run.spent.completion_tokens == 3 * 12 + 7 + 12  # every token before the stop
     assert [call.n for call in backend.calls] == [3, 1, 1]
-    # Voters: at or above 7.0 and not stopped: 20 (7.0), 18 (8.0), 18 (9.0).
-    assert attempt.answer == "18" and attempt.metadata["votes"] == {"20": 7.0, "18": 17.0}
+    # Voters: the warm-up's three (6, 7, 8) and the later trace not stopped (9).
+    assert attempt.answer == "18" and attempt.metadata["votes"] == {"18": 23.0, "20": 7.0}
     assert attempt.metadata["stopped_traces"] == 1 and attempt.metadata["ended"] == "n"
     assert attempt.text.startswith("te")  # the most confident voter of the answer
 
@@ -81,6 +81,18 @@ async def test_the_vote_is_weighted_by_confidence_not_counted():
     assert attempt.answer == "6"  # one confident trace outweighs two unsure ones
     assert attempt.metadata["votes"] == {"5": 8.0, "6": 9.0}
     assert attempt.score == pytest.approx(9 / 17)
+
+
+async def test_a_later_trace_below_the_threshold_does_not_vote_even_unstopped():
+    # Shorter than a window, it is never stopped, but judged whole (5.0 < 7.0) at the end.
+    traces = Traces(steady("1", 7.0), steady("2", 7.0), steady("1", 7.0),
+                    steady("2", 5.0, words=3), steady("2", 8.0))
+    run = ctx(traces.backend())
+    attempt = await deepconf(n=5, warmup=3, eta=50.0, batch=1).solve(task(), run)
+    records = [e for e in run.trace.events if e.step == "select"][0].data["records"]
+    assert [r["weight"] for r in records] == [7.0, 7.0, 7.0, 0.0, 8.0]
+    assert records[3] == {"answer": "2", "confidence": 5.0, "stopped_at": None, "weight": 0.0}
+    assert attempt.metadata["votes"] == {"1": 14.0, "2": 15.0} and attempt.answer == "2"
 
 
 async def test_offline_keeps_the_top_eta_percent():
