@@ -13,11 +13,17 @@ with policy ``truncate``, so every sample is one call; ``--max-tokens`` per trac
    independent samples agree is the floor any agreement with sc's vote has to be
    read against; (b) DeepConf replayed on these same traces (its j-th trace is
    the pool's j-th, cut where the monitor stops it; the strategy's own vote
-   functions): its agreement with the pool's majority on identical samples,
-   where sampling noise cannot blur it, and its tokens against the pool's.
+   functions): its agreement with the pool's vote on identical samples, where
+   sampling noise cannot blur it, and its tokens against the pool's.
+
+Agreement: the answer is a top answer of the full-budget vote. On a tie every
+tied answer counts, since each is what some tie-break returns: a weak model's
+8 samples often hold 8 different answers, and then "the majority" is only the
+tie-break. Also given on the *decided* problems alone (one top answer, held by
+two samples or more).
 
 Reported per dataset: tokens generated, wall time, accuracy with 95% Wilson
-intervals, deepconf's agreement with sc's majority (independent samples), the
+intervals, deepconf's agreement with sc's vote (independent samples), the
 replay's agreement and token ratio (same samples), and the sc-pool floor.
 Targets: >= 50% fewer tokens than sc at the same N with >= 95% agreement.
 
@@ -76,6 +82,7 @@ class MethodRun:
 
     name: str
     answers: list[str] = field(default_factory=list)  # normalised, "" for none
+    votes: list[Counter] = field(default_factory=list)  # sc: its vote per problem
     passed: list[bool] = field(default_factory=list)
     tokens: int = 0
     seconds: float = 0.0
@@ -112,6 +119,7 @@ async def run_spec(name: str, spec: str, examples: list, backend, params) -> Met
     for ex, trace in zip(examples, traces, strict=True):
         a = trace.attempt
         out.answers.append(key(a.answer if a else None))
+        out.votes.append(Counter(a.metadata.get("votes") or {}) if a else Counter())
         out.passed.append((await scorer.score(ex, a.text if a else "", a.answer if a else None))
                           .passed)
         out.tokens += trace.usage.completion_tokens
@@ -186,11 +194,28 @@ def replay(traces: Sequence[PoolTrace], p: DeepConf.Params) -> Replayed:
                     len(pool))
 
 
+def tally_of(answers: Sequence[str | None]) -> Counter:
+    """The plain vote of a full budget: normalised answers counted (none: no vote)."""
+    return Counter(k for a in answers if (k := key(a)))
+
+
 def majority(answers: Sequence[str | None]) -> str:
     """The plain majority of normalised answers (ties: first seen), "" with none."""
-    counts = Counter(k for a in answers if (k := key(a)))
-    return max(counts, key=lambda a: (counts[a], -[key(x) for x in answers].index(a)),
-               default="")
+    votes = tally_of(answers)
+    top = max(votes.values(), default=0)
+    return next((key(a) for a in answers if top and votes[key(a)] == top), "")
+
+
+def agrees(answer: str, votes: Counter) -> bool:
+    """``answer`` is a top answer of the full vote ``votes`` (any of them on a tie: each
+    is what some tie-break would return); with no vote at all, no answer agrees."""
+    return bool(votes) and votes[answer] == max(votes.values())
+
+
+def decided(votes: Counter) -> bool:
+    """A full vote with one top answer, held by at least two samples."""
+    top = sorted(votes.values(), reverse=True)
+    return bool(top) and top[0] >= 2 and (len(top) == 1 or top[1] < top[0])
 
 
 # ---------------------------------------------------------------------------- reports
@@ -202,10 +227,14 @@ def acc(passed: Sequence[bool]) -> str:
     return str(accuracy(passed))
 
 
-def agreement(a: Sequence[str], b: Sequence[str]) -> str:
+def agreement(answers: Sequence[str], votes: Sequence[Counter]) -> str:
+    """How often ``answers`` agree with the full votes: all problems, and those decided."""
     from refinery.eval.metrics import accuracy
 
-    return str(accuracy([x == y for x, y in zip(a, b, strict=True)]))
+    pairs = list(zip(answers, votes, strict=True))
+    dec = [agrees(a, v) for a, v in pairs if decided(v)]
+    return (f"{accuracy([agrees(a, v) for a, v in pairs])}; on the {len(dec)} decided: "
+            f"{accuracy(dec)}")
 
 
 def report(dataset: str, sc: MethodRun, dc: MethodRun, pool: list[list[PoolTrace]] | None,
@@ -216,36 +245,38 @@ def report(dataset: str, sc: MethodRun, dc: MethodRun, pool: list[list[PoolTrace
               f"accuracy {acc(r.passed)}  {r.notes}")
     print(f"deepconf / sc: tokens {dc.tokens / max(1, sc.tokens):.2f} "
           f"({1 - dc.tokens / max(1, sc.tokens):+.0%} saved), wall {dc.seconds / sc.seconds:.2f}")
-    print(f"agreement deepconf = sc's majority (independent samples): "
-          f"{agreement(dc.answers, sc.answers)}")
+    print(f"agreement, deepconf's answer a top answer of sc's vote (independent samples): "
+          f"{agreement(dc.answers, sc.votes)}")
     if pool is None:
         return
-    full = [majority([t.answer for t in traces]) for traces in pool]
+    full = [tally_of([t.answer for t in traces]) for traces in pool]
     reps = [replay(traces, p) for traces in pool]
     pool_tokens = sum(len(t.confs) for traces in pool for t in traces)
-    print(f"floor: pool's majority = sc's majority (two independent full votes): "
-          f"{agreement(full, sc.answers)}")
-    print(f"replay on the pool (same samples): agreement with its full-budget majority "
-          f"{agreement([r.answer for r in reps], full)}, tokens "
+    print(f"floor, the pool's majority a top answer of sc's vote (two independent full "
+          f"votes): {agreement([majority([t.answer for t in ts]) for ts in pool], sc.votes)}")
+    print(f"replay on the pool (same samples), agreement with its full vote: "
+          f"{agreement([r.answer for r in reps], full)}; tokens "
           f"{sum(r.tokens for r in reps) / max(1, pool_tokens):.2f} of the pool's, "
           f"traces drawn {sum(r.drawn for r in reps)} of {p.n * len(pool)}")
 
 
 def grid(pools: dict[str, list[list[PoolTrace]]], n: int) -> None:
-    """Replay a grid of online settings on saved pools (for choosing defaults)."""
-    print("warmup eta window batch consensus | per dataset: agreement tokens-ratio")
-    for w, eta, win, b, cons in itertools.product((2, 3, 4), (10.0, 50.0, 90.0),
-                                                  (16, 32, 64), (1, 2), (0.8, 0.95)):
-        p = DeepConf.Params(n=n, warmup=w, eta=eta, window=win, batch=b, consensus=cons)
-        cells = []
-        for traces in pools.values():
-            full = [majority([t.answer for t in ts]) for ts in traces]
+    """Replay online settings on saved pools (how the defaults were chosen), beside sc
+    on the pools' first k traces: agreement with the full vote (all; decided) and tokens."""
+    for dataset, traces in pools.items():
+        full = [tally_of([t.answer for t in ts]) for ts in traces]
+        total = sum(len(t.confs) for ts in traces for t in ts)
+        print(f"== {dataset}: {len(traces)} problems, {sum(map(decided, full))} decided")
+        for k in range(1, n + 1):
+            answers = [majority([t.answer for t in ts[:k]]) for ts in traces]
+            used = sum(len(t.confs) for ts in traces for t in ts[:k])
+            print(f"sc on {k} traces: {agreement(answers, full)}; tokens {used / total:.2f}")
+        for w, eta, win in itertools.product((2, 3, 4), (10.0, 50.0, 90.0), (16, 32, 64)):
+            p = DeepConf.Params(n=n, warmup=w, eta=eta, window=win)
             reps = [replay(ts, p) for ts in traces]
-            same = sum(r.answer == f for r, f in zip(reps, full, strict=True)) / len(full)
-            ratio = (sum(r.tokens for r in reps)
-                     / max(1, sum(len(t.confs) for ts in traces for t in ts)))
-            cells.append(f"{same:.3f} {ratio:.2f}")
-        print(f"{w} {eta:4.0f} {win:3d} {b} {cons:.2f} | " + " | ".join(cells))
+            print(f"deepconf warmup={w} eta={eta:.0f} window={win}: "
+                  f"{agreement([r.answer for r in reps], full)}; "
+                  f"tokens {sum(r.tokens for r in reps) / total:.2f}")
 
 
 # ----------------------------------------------------------------------- logprob cost
