@@ -8,8 +8,9 @@ a *candidate*. Critiques, decompositions, judges, plans and votes are not.
 
 Selection, in order:
 
-1. **Finish and form.** Candidates that stopped on ``length`` (truncated),
-   ``loop`` (the loop detector fired) or ``abort`` are dropped. The text is
+1. **Finish and form.** Candidates that stopped on ``length`` or
+   ``confidence`` (truncated: DeepConf's monitor stopped them), ``loop`` (the
+   loop detector fired) or ``abort`` are dropped. The text is
    cleaned of scaffolding (:func:`clean_solution`); a candidate whose cleaned
    text is empty, still holds tags, lost its answer in cleaning, or has no
    explicit final answer (``\\boxed{}``, ``####``, "the answer is") is
@@ -440,7 +441,7 @@ def _inspect(c: Candidate, require_explicit: bool, math: bool = True) -> None:
     """
     if c.finish_reason == "loop":
         c.drop = "loop"
-    elif c.finish_reason == "length":
+    elif c.finish_reason in ("length", "confidence"):
         c.drop = "truncated"
     elif c.finish_reason == "abort":
         c.drop = "aborted"

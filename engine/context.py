@@ -1,8 +1,10 @@
 """Context: everything a strategy may touch while solving one task.
 
-A strategy calls the model only through ``ctx.generate`` / ``ctx.stream``, so
-every call is budgeted, loop-monitored and traced with its parents (making
-the task's trace a provenance DAG). ``ctx.emit`` records a strategy step and
+A strategy calls the model only through ``ctx.generate``, so every call is
+budgeted, watched by its stop rules (the loop detector, and a strategy's own
+rule such as DeepConf's confidence: ``generate(..., stop_rule=...)`` or a
+``fork(stop_rule=...)`` view; engine/stops.py) and traced with its parents
+(making the task's trace a provenance DAG). ``ctx.emit`` records a strategy step and
 forwards it to a live listener (the server streams it as reasoning).
 
 One Context per task; strategies running concurrently on the same task share
@@ -48,6 +50,7 @@ from pydantic import BaseModel, Field
 from refinery.engine.backends.base import Backend
 from refinery.engine.errors import BudgetExhausted
 from refinery.engine.loops import LoopDetector
+from refinery.engine.stops import StopRule, Watcher, combine
 from refinery.engine.trace import StepKind, Trace, TraceEvent
 from refinery.engine.types import Completion, Delta, Message, SamplingParams, Task, Usage
 
@@ -83,7 +86,7 @@ class Context:
                  loop_detector: LoopDetector | None = None,
                  loop_policy: LoopPolicy = "retry",
                  verifier: Any = None, listener: EventListener | None = None,
-                 final_sink: DeltaSink | None = None):
+                 final_sink: DeltaSink | None = None, stop_rule: StopRule | None = None):
         self.backend = backend
         self.task = task
         self.budget = budget or Budget()
@@ -94,6 +97,9 @@ class Context:
         self.verifier = verifier
         self.listener = listener
         self.final_sink = final_sink
+        # A strategy's own stop rule for every call of this view (``fork(stop_rule=...)``);
+        # a call's ``stop_rule`` argument replaces it. Both run beside the loop detector.
+        self.stop_rule = stop_rule
         self.usage = Usage()
         self._reserved = Usage()  # worst cases of the calls in flight (root only)
         self.started = time.monotonic()
@@ -206,11 +212,14 @@ class Context:
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams | None = None,
                        *, n: int | None = None, step: StepKind = "draft", strategy: str = "",
-                       parents: Sequence[str] = (), final: bool = False) -> Generation:
+                       parents: Sequence[str] = (), final: bool = False,
+                       stop_rule: StopRule | None = None) -> Generation:
         """Sample ``n`` completions of ``messages`` (traced, budgeted, loop-watched).
 
         ``final=True`` marks the user-visible answer: with a live sink and n=1 the
         text is streamed to the client token by token as it is generated.
+        ``stop_rule`` (default: this context's ``stop_rule``) watches every sample
+        beside the loop detector and may end it early (engine/stops.py).
 
         Raises:
             BudgetExhausted: the call does not fit the remaining budget.
@@ -218,15 +227,16 @@ class Context:
         params = self._seeded(params or self.params, messages, strategy, step)
         n = params.n if n is None else n
         params, hold = self._admit(messages, params, n)
+        rule = stop_rule if stop_rule is not None else self.stop_rule
         t0 = time.monotonic()
         streamed = final and self.final_sink is not None and n == 1
         comps = None
         try:
             if streamed:
-                comps = [await self._timed(self._stream_final(messages, params))]
+                comps = [await self._timed(self._stream_final(messages, params, rule))]
             else:
                 comps = await self._timed(self.backend.generate(
-                    messages, params, n=n, monitor=self._monitor(params)))
+                    messages, params, n=n, monitor=self._monitor(params, rule)))
         finally:
             # Also on an error or a cancellation (the deadline, a client gone):
             # a reservation left behind would shrink the budget for good.
@@ -241,14 +251,14 @@ class Context:
         # would contradict it, so there the loop is only truncated.
         if (self.loop_policy == "retry" and not streamed
                 and any(c.finish_reason == "loop" for c in comps)):
-            gen = await self._retry_loops(messages, params, gen, strategy)
+            gen = await self._retry_loops(messages, params, gen, strategy, rule)
         return gen
 
-    async def _stream_final(self, messages: Sequence[Message],
-                            params: SamplingParams) -> Completion:
+    async def _stream_final(self, messages: Sequence[Message], params: SamplingParams,
+                            rule: StopRule | None) -> Completion:
         assert self.final_sink is not None
         last = None
-        stream = self.backend.stream(messages, params, monitor=self._monitor(params))
+        stream = self.backend.stream(messages, params, monitor=self._monitor(params, rule))
         try:
             async for delta in stream:
                 if delta.text or delta.logprobs:
@@ -265,7 +275,8 @@ class Context:
         return last.completion
 
     async def _retry_loops(self, messages: Sequence[Message], params: SamplingParams,
-                           gen: Generation, strategy: str) -> Generation:
+                           gen: Generation, strategy: str,
+                           rule: StopRule | None) -> Generation:
         """One retry per looping sample, with the cut text and a nudge in context."""
         used = Usage()
 
@@ -281,8 +292,8 @@ class Context:
                 return c
             out = None
             try:
-                out = await self._timed(self.backend.generate(turn, p, n=1,
-                                                              monitor=self._monitor(p)))
+                out = await self._timed(self.backend.generate(
+                    turn, p, n=1, monitor=self._monitor(p, rule)))
             finally:
                 used = used + self._settle(hold, out)
             return out[0]
@@ -295,16 +306,19 @@ class Context:
             completions=retried, usage=used, data={"nudge": LOOP_NUDGE}))
         return out
 
-    def _monitor(self, params: SamplingParams) -> LoopDetector | None:
-        """The loop monitor for a call: none for a constrained one.
+    def _monitor(self, params: SamplingParams,
+                 rule: StopRule | None = None) -> Watcher | None:
+        """The monitors of a call: the loop detector (none on a constrained call) and
+        ``rule``, as one (the detector alone is passed as it is).
 
         Constrained output repeats its structure by design (the same keys in
         every list item, one line per candidate), which the CUSUM detector reads
         as a loop: it cut 37 of 60 SSR decompositions mid-JSON on arith. The
         constraint's own bounds (maxItems, maxLength, bounded regex repeats)
-        cap such a sample's length instead.
+        cap such a sample's length instead. A strategy's own rule applies anyway.
         """
-        return None if params.constraint is not None else self.loop_detector
+        loops = None if params.constraint is not None else self.loop_detector
+        return combine(loops, rule)
 
     def _seeded(self, params: SamplingParams, messages: Sequence[Message], strategy: str,
                 step: str) -> SamplingParams:

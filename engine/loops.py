@@ -1,10 +1,11 @@
 """Loop detection: a streaming monitor that flags circular reasoning.
 
-Contract used by the backends: ``LoopDetector`` is configuration;
-``detector.new()`` returns a fresh ``Monitor`` for one sample;
-``monitor.feed(text_delta)`` returns a ``LoopAlarm`` once the sample is judged to
-loop, else ``None``. On an alarm the caller stops the generation and keeps
-``text[:alarm.onset]``.
+Contract: ``LoopDetector`` is configuration; ``detector.new()`` returns a fresh
+``Monitor`` for one sample; ``monitor.feed(text_delta)`` returns a ``LoopAlarm``
+once the sample is judged to loop, else ``None``. On an alarm the caller stops
+the generation and keeps ``text[:alarm.onset]``. The backends run a detector as
+one of their stop rules (``LoopRule`` in ``engine/stops.py``, finish reason
+``loop``).
 
 The detector, ``CusumLoopDetector`` (our design, a standard one-sided CUSUM after
 the Circular Reasoning / LoopBench paper, whose code is not public):
@@ -66,14 +67,19 @@ class LoopAlarm:
     position: int
 
 
-def cut_at_onset(text: str, piece: str, alarm: LoopAlarm) -> tuple[int, str]:
-    """Where a backend cuts a sample whose monitor alarmed on ``piece``.
+def cut_at(text: str, piece: str, keep: int) -> tuple[int, str]:
+    """Where a stream is cut to keep ``keep`` chars, on the arrival of ``piece``.
 
-    ``text`` is what came before ``piece``. Returns the onset clamped to the
-    text seen so far, and the part of ``piece`` before it (still to be sent).
+    ``text`` is what came before ``piece``. Returns the cut clamped to the text
+    seen so far, and the part of ``piece`` before it (still to be sent).
     """
-    onset = max(0, min(alarm.onset, len(text) + len(piece)))
+    onset = max(0, min(keep, len(text) + len(piece)))
     return onset, piece[:max(0, onset - len(text))]
+
+
+def cut_at_onset(text: str, piece: str, alarm: LoopAlarm) -> tuple[int, str]:
+    """Where a backend cuts a sample whose monitor alarmed on ``piece`` (``cut_at``)."""
+    return cut_at(text, piece, alarm.onset)
 
 
 class Monitor(Protocol):
@@ -82,33 +88,6 @@ class Monitor(Protocol):
 
 class LoopDetector(Protocol):
     def new(self) -> Monitor: ...
-
-
-class WatchedText:
-    """One streamed sample's text under a fresh monitor of ``detector`` (if any).
-
-    Both backends feed it each piece as it arrives: ``add`` returns the part of
-    the piece to pass on and whether the monitor stopped the sample, in which
-    case ``text`` ends at the loop's onset.
-
-    Example:
-        >>> watch = WatchedText(CusumLoopDetector())
-        >>> kept, looped = watch.add(piece)
-    """
-
-    def __init__(self, detector: LoopDetector | None):
-        self.monitor = detector.new() if detector is not None else None
-        self.text = ""
-        self.onset: int | None = None
-
-    def add(self, piece: str) -> tuple[str, bool]:
-        alarm = self.monitor.feed(piece) if (self.monitor is not None and piece) else None
-        if alarm is None:
-            self.text += piece
-            return piece, False
-        self.onset, kept = cut_at_onset(self.text, piece, alarm)
-        self.text = (self.text + piece)[:self.onset]
-        return kept, True
 
 
 # A unit is a group of at most 3 digits, a run of at most 24 letters, or any other

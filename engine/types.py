@@ -19,7 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from refinery.engine.constraints import Constraint
 
 Role = Literal["system", "user", "assistant", "tool"]
-FinishReason = Literal["stop", "length", "loop", "abort"]
+# "loop": the loop detector stopped the sample; "confidence": a confidence rule
+# (DeepConf, engine/confidence.py) did. Both are engine stops before the text's end.
+FinishReason = Literal["stop", "length", "loop", "confidence", "abort"]
+FINISH_REASONS: frozenset[str] = frozenset(("stop", "length", "loop", "confidence", "abort"))
 
 
 class Message(BaseModel):
@@ -124,6 +127,9 @@ class Completion(BaseModel):
     ``loop`` finish ``text`` is already cut there. ``token_logprobs`` is set
     when the call asked for ``logprobs``. ``cached_tokens`` is how many of the
     prompt's tokens the engine took from its prefix cache, when it says.
+    ``measures`` is what the call's stop rules measured on the sample (DeepConf's
+    confidences, engine/confidence.py), None when no rule reports anything.
+    ``completion_tokens`` counts every token generated, up to a stop included.
     """
 
     text: str
@@ -134,6 +140,7 @@ class Completion(BaseModel):
     logprob: float | None = None
     loop_onset: int | None = None
     token_logprobs: list[TokenLogprob] | None = None
+    measures: dict[str, float | int] | None = None
 
 
 class Delta(BaseModel):

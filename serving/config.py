@@ -25,6 +25,7 @@ DEFAULT_PRESETS = {
     "moa": "moa",
     "re2": "re2",
     "cot_reflection": "cot_reflection",
+    "deepconf": "deepconf(cot, n=8)",
 }
 
 

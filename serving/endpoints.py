@@ -94,12 +94,18 @@ class Answer:
     reasoning: str | None = None  # a shaped answer's solution (engine.run.conform)
 
 
+def public_finish(reason: str) -> str:
+    """A finish reason as clients read it: a confidence stop (DeepConf's monitor cut the
+    text before its end) is ``length``; ``loop`` stays (documented); the rest are OpenAI's."""
+    return "length" if reason == "confidence" else reason
+
+
 def answer(trace: Trace, logprobs: bool = False) -> Answer:
     """A choice's answer; its logprobs are those of the sample that became it, if any."""
     if trace.attempt is None:
         return Answer("")
     comp = answer_completion(trace) if logprobs else None
-    return Answer(trace.attempt.text, trace.attempt.finish_reason,
+    return Answer(trace.attempt.text, public_finish(trace.attempt.finish_reason),
                   comp.token_logprobs if comp is not None else None,
                   trace.attempt.metadata.get("reasoning"))
 

@@ -41,7 +41,9 @@ APPROACHES = MappingProxyType({
     "moa": "moa",
     "re2": "re2",
     "cot_reflection": "cot_reflection",
-    # "deepconf": "deepconf",  # when refinery has it: move it here from UNSUPPORTED
+    # OptiLLM's defaults (16 warm-up traces of up to 128, 2048-token windows) are sized
+    # for long reasoning traces; refinery's deepconf defaults are sized like its sc.
+    "deepconf": "deepconf",
 })
 
 # OptiLLM approaches and plugins refinery does not implement -> its closest strategies.
@@ -55,7 +57,6 @@ UNSUPPORTED = MappingProxyType({
     "leap": "cot, sage(cot)",
     "cepo": "ssr_plan, best_of_n",
     "mars": "dei(ssr, critique_refine, sage(cot)), moa",
-    "deepconf": "sc(cot)",  # not yet in refinery
     "majority_voting": "sc(cot)",
     "genselect": "best_of_n",
     "deepthink": "sc(cot), cot_reflection",

@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from refinery.engine.context import DeltaSink
 from refinery.engine.errors import RefineryError
 from refinery.engine.trace import TraceEvent
-from refinery.engine.types import Delta, TokenLogprob
+from refinery.engine.types import Completion, Delta, TokenLogprob
 from refinery.serving.endpoints import Endpoint, ResponseHead, answer, refinery_info, usage_info
 from refinery.serving.errors import openai_error
 from refinery.serving.service import Outcome, Prepared, Service
@@ -73,6 +73,7 @@ def reasoning_text(ev: TraceEvent) -> str | None:
     """How a strategy step reads in a thinking pane (None: not shown)."""
     if ev.data.get("final"):
         return None  # already streamed as content
+    note = ""
     if ev.kind == "generation":
         comps = ev.completions or []
         if not comps:
@@ -80,10 +81,24 @@ def reasoning_text(ev: TraceEvent) -> str | None:
         body = comps[0].text
         if len(comps) > 1:
             body = f"({len(comps)} samples) {body}"
+        note = confidence_note(comps)
     else:
         body = ev.text or json.dumps(ev.data, default=str)
     body = body if len(body) <= REASONING_CHARS else body[:REASONING_CHARS] + " …"
-    return f"[{ev.strategy or 'strategy'} · {ev.step}] {body}\n\n"
+    return f"[{ev.strategy or 'strategy'} · {ev.step}] {note}{body}\n\n"
+
+
+def confidence_note(comps: list[Completion]) -> str:
+    """The samples' confidences and stops, when a confidence rule measured them (deepconf).
+
+    Example:
+        >>> confidence_note(comps)
+        '(confidence 9.12, 7.40 stopped at token 64) '
+    """
+    parts = [f"{m['confidence']:.2f}" + (f" stopped at token {m['stopped_at']}"
+                                         if m.get("stopped_at") is not None else "")
+             for c in comps if (m := c.measures or {}).get("confidence") is not None]
+    return f"(confidence {', '.join(parts)}) " if parts else ""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from refinery.strategies.best_of_n import BestOfN
 from refinery.strategies.cot import CoT
 from refinery.strategies.cot_reflection import CoTReflection
 from refinery.strategies.critique_refine import CritiqueRefine
+from refinery.strategies.deepconf import DeepConf
 from refinery.strategies.dei import DEI
 from refinery.strategies.moa import MoA
 from refinery.strategies.re2 import ReRead
@@ -36,6 +37,7 @@ __all__ = [
     "CoT",
     "CoTReflection",
     "CritiqueRefine",
+    "DeepConf",
     "Entry",
     "LoopStrategy",
     "MoA",

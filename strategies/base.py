@@ -287,12 +287,14 @@ async def gather_attempts(coros: Iterable[Awaitable[Attempt]]) -> list[Attempt]:
 
 def attempt_from(comp: Completion, *, strategy: str, events: Sequence[str],
                  text: str | None = None, **metadata: Any) -> Attempt:
-    """An Attempt for a completion (``text`` overrides the completion's text)."""
+    """An Attempt for a completion (``text`` overrides the completion's text); what the
+    call's stop rules measured, if anything, is ``metadata["measures"]``."""
     body = comp.text if text is None else text
+    measured = {"measures": comp.measures} if comp.measures is not None else {}
     return Attempt(text=body, answer=extract_answer(body), finish_reason=comp.finish_reason,
                    strategy=strategy, events=list(events),
                    metadata={"logprob": comp.logprob, "tokens": comp.completion_tokens,
-                             **metadata})
+                             **measured, **metadata})
 
 
 def with_question(messages: Sequence[Message], suffix: str) -> list[Message]:

@@ -29,6 +29,7 @@ from refinery.strategies.best_of_n import BestOfN
 from refinery.strategies.cot import CoT
 from refinery.strategies.cot_reflection import CoTReflection
 from refinery.strategies.critique_refine import CritiqueRefine
+from refinery.strategies.deepconf import DeepConf
 from refinery.strategies.dei import DEI
 from refinery.strategies.moa import MoA
 from refinery.strategies.re2 import ReRead
@@ -99,6 +100,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(MoA, ("mixture_of_agents",)),
     Entry(ReRead, ("reread", "re_reading")),
     Entry(CoTReflection),
+    Entry(DeepConf),
 )
 
 # Read-only: name or alias -> entry.

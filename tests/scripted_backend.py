@@ -25,6 +25,14 @@ reply accordingly. ``logprobs=True`` gets one TokenLogprob per word (streamed
 with its word), each with ``top_logprobs`` alternatives: the word itself, then
 ``alt1``, ``alt2``...
 
+Stop rules: off by default (a ``monitor`` is ignored, as the double always did).
+``watch=True`` runs them as the real backends do, through the same driver
+(``engine.stops.WatchedSample``), one word a token: a stopped sample ends at
+the word that tipped it, with that many completion tokens. ``tops`` gives
+chosen per-token logprobs: ``tops(text, i)`` returns, for each word of sample
+``i``'s reply, its candidates' log-probabilities, most likely first (the first
+is the word's own); words past the list keep the default ones.
+
 Prefix cache: ``cached_tokens`` (None by default: not reported) is what every
 completion reports as its prompt's cached tokens, as vLLM's
 ``num_cached_tokens``.
@@ -42,6 +50,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from refinery.engine.constraints import ALL_KINDS, require_support
+from refinery.engine.stops import StopRule, WatchedSample, as_rule, caller_tokens, wire_params
 from refinery.engine.types import (
     Completion,
     Delta,
@@ -52,6 +61,7 @@ from refinery.engine.types import (
 )
 
 Reply = str | list[str] | Callable[[Sequence[Message], SamplingParams, int], str]
+Tops = Callable[[str, int], Sequence[Sequence[float]]]
 
 
 @dataclass
@@ -75,6 +85,8 @@ class ScriptedBackend:
     closed: bool = False
     structured_outputs: frozenset[str] = ALL_KINDS
     cached_tokens: int | None = None
+    watch: bool = False
+    tops: Tops | None = None
 
     # -- health (what the server reads) --------------------------------------------------
 
@@ -146,8 +158,12 @@ class ScriptedBackend:
                           cached_tokens=self.cached_tokens,
                           completion_tokens=min(len(words), params.max_tokens) or 1,
                           finish_reason=finish, logprob=-float(i) if params.logprobs else None,
-                          token_logprobs=(_word_logprobs(text, i, params.top_logprobs)
+                          token_logprobs=(_word_logprobs(text, i, params.top_logprobs,
+                                                         self.tops)
                                           if params.logprobs else None))
+
+    def _rule(self, monitor) -> StopRule | None:
+        return as_rule(monitor) if self.watch else None
 
     async def generate(self, messages, params, *, n=None, monitor=None) -> list[Completion]:
         n = params.n if n is None else n
@@ -156,42 +172,75 @@ class ScriptedBackend:
             index = len(self.calls) - 1
             await self._wait(index)
             self.log.append(("done", index))
-        return [self._completion(messages, params, i) for i in range(n)]
+        rule = self._rule(monitor)
+        if rule is None:
+            return [self._completion(messages, params, i) for i in range(n)]
+        wire, out = wire_params(params, rule), []
+        for i in range(n):
+            async for delta in self._deltas(self._completion(messages, wire, i), params, rule):
+                last = delta
+            out.append(last.completion)
+        return out
 
     async def stream(self, messages, params, *, monitor=None) -> AsyncIterator[Delta]:
         self.calls.append(Call(list(messages), params, 1))
         index = len(self.calls) - 1
         if self._slow:
             await self._wait(index)
-        comp = self._completion(messages, params, 0)
-        logprobs = comp.token_logprobs or []
+        rule = self._rule(monitor)
+        comp = self._completion(messages, wire_params(params, rule), 0)
         try:
-            for j, piece in enumerate(re.findall(r"\s*\S+", comp.text)):
-                yield Delta(text=piece, logprobs=logprobs[j:j + 1] or None)
+            async for delta in self._deltas(comp, params, rule):
+                yield delta
         except GeneratorExit:  # the consumer closed the stream early (an abort)
             if self._slow:
                 self.log.append(("cancel", index))
             raise
         if self._slow:
             self.log.append(("done", index))
+
+    async def _deltas(self, comp: Completion, params: SamplingParams,
+                      rule: StopRule | None) -> AsyncIterator[Delta]:
+        """``comp`` word by word through a monitor of ``rule``, as a real backend streams."""
+        watch, tokens, used = WatchedSample(rule), comp.token_logprobs or [], 0
+        for j, piece in enumerate(re.findall(r"\s*\S+", comp.text)):
+            used = j + 1
+            shown = caller_tokens(tokens[j:j + 1], params) or None
+            kept = watch.add(piece, tokens[j:j + 1] or None)
+            if kept or shown:
+                yield Delta(text=kept, logprobs=shown)
+            if watch.stop is not None:
+                break
+        if rule is not None:
+            stop = watch.stop
+            comp = comp.model_copy(update={
+                "text": watch.text, "loop_onset": watch.onset, "measures": watch.measures(),
+                "finish_reason": stop.reason if stop else comp.finish_reason,
+                "completion_tokens": used if stop else comp.completion_tokens,
+                "token_logprobs": caller_tokens(tokens[:used], params)})
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
     async def aclose(self) -> None:
         self.closed = True
 
 
-def _word_logprobs(text: str, i: int, top: int) -> list[TokenLogprob]:
+def _word_logprobs(text: str, i: int, top: int, tops: Tops | None = None) -> list[TokenLogprob]:
     """One token per word; the log-probabilities sum to ``-i`` as ``Completion.logprob``.
 
-    Each token has ``top`` alternatives: itself, then ``alt1``, ``alt2``... less likely.
+    Each token has ``top`` alternatives: itself, then ``alt1``, ``alt2``... less likely;
+    ``tops(text, i)`` replaces the values of the words it covers.
     """
     pieces = re.findall(r"\s*\S+", text) or [text]
     share = -float(i) / len(pieces)
+    chosen = list(tops(text, i)) if tops is not None else []
 
-    def alternatives(p: str) -> list[TopLogprob]:
-        names = [p, *(f"alt{j}" for j in range(1, top))][:top]
-        return [TopLogprob(token=t, logprob=share - j, bytes=list(t.encode()))
-                for j, t in enumerate(names)]
+    def values(j: int) -> list[float]:
+        return list(chosen[j]) if j < len(chosen) else [share - a for a in range(max(1, top))]
 
-    return [TokenLogprob(token=p, logprob=share, bytes=list(p.encode()),
-                         top_logprobs=alternatives(p)) for p in pieces]
+    def alternatives(p: str, vals: list[float]) -> list[TopLogprob]:
+        names = [p, *(f"alt{a}" for a in range(1, top))][:min(top, len(vals))]
+        return [TopLogprob(token=t, logprob=v, bytes=list(t.encode()))
+                for t, v in zip(names, vals, strict=False)]
+
+    return [TokenLogprob(token=p, logprob=values(j)[0], bytes=list(p.encode()),
+                         top_logprobs=alternatives(p, values(j))) for j, p in enumerate(pieces)]

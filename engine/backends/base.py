@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
-from refinery.engine.loops import LoopDetector
+from refinery.engine.stops import Watcher
 from refinery.engine.types import Completion, Delta, Message, SamplingParams
 
 
@@ -18,9 +18,13 @@ from refinery.engine.types import Completion, Delta, Message, SamplingParams
 class Backend(Protocol):
     """What every model adapter provides.
 
-    ``monitor`` is a loop detector; the backend runs a fresh monitor on the
-    stream of every sample and stops a looping one with finish_reason ``loop``
-    and its text cut at the loop's onset.
+    ``monitor`` is a stop rule (engine/stops.py) or a bare loop detector (run as
+    ``LoopRule``): the backend streams every sample through a fresh monitor
+    (``WatchedSample``), fetching the top-k logprobs the rule needs, and ends a
+    sample the monitor stops: finish_reason ``loop`` with the text cut at the
+    loop's onset, ``confidence`` with the text kept; ``completion_tokens``
+    counts every token generated before the stop, ``measures`` keeps what the
+    monitor measured.
 
     The health members are what the server reads for /health and its
     on-engine-death policy: ``healthy`` can come back (an upstream that answers
@@ -54,12 +58,12 @@ class Backend(Protocol):
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
                        n: int | None = None,
-                       monitor: LoopDetector | None = None) -> list[Completion]:
+                       monitor: Watcher | None = None) -> list[Completion]:
         """``n`` samples (default ``params.n``) of one prompt, in order."""
         ...
 
     def stream(self, messages: Sequence[Message], params: SamplingParams, *,
-               monitor: LoopDetector | None = None) -> AsyncIterator[Delta]:
+               monitor: Watcher | None = None) -> AsyncIterator[Delta]:
         """One sample, streamed; the last Delta carries the whole Completion."""
         ...
 

@@ -66,8 +66,22 @@ from refinery.engine.errors import (
     PromptTooLongError,
     UnknownModelError,
 )
-from refinery.engine.loops import LoopDetector, WatchedText
-from refinery.engine.types import Completion, Delta, Message, SamplingParams, TokenLogprob
+from refinery.engine.stops import (
+    StopRule,
+    WatchedSample,
+    Watcher,
+    as_rule,
+    caller_tokens,
+    wire_params,
+)
+from refinery.engine.types import (
+    FINISH_REASONS,
+    Completion,
+    Delta,
+    Message,
+    SamplingParams,
+    TokenLogprob,
+)
 
 log = logging.getLogger(__name__)
 
@@ -440,12 +454,12 @@ class OpenAIBackend:
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
                        n: int | None = None,
-                       monitor: LoopDetector | None = None) -> list[Completion]:
+                       monitor: Watcher | None = None) -> list[Completion]:
         n = params.n if n is None else n
         if n < 1:
             raise InvalidRequestError(f"n must be >= 1, got {n}", param="n")
         if monitor is not None:
-            # A looping sample must be stopped alone, so each sample is streamed.
+            # A sample a stop rule ends must be stopped alone, so each one is streamed.
             return list(await asyncio.gather(
                 *(self._one_streamed(messages, params, monitor) for _ in range(n))))
         kw = self._kwargs(messages, params, n)  # an unsupported constraint fails here
@@ -471,15 +485,20 @@ class OpenAIBackend:
         assert last is not None and last.completion is not None
         return last.completion
 
-    async def stream(self, messages: Sequence[Message], params: SamplingParams, *,
-                     monitor: LoopDetector | None = None) -> AsyncIterator[Delta]:
-        kw = self._kwargs(messages, params, 1)
+    def stream(self, messages: Sequence[Message], params: SamplingParams, *,
+               monitor: Watcher | None = None) -> AsyncIterator[Delta]:
+        return self._stream(messages, params, as_rule(monitor))
+
+    async def _stream(self, messages: Sequence[Message], params: SamplingParams,
+                      rule: StopRule | None) -> AsyncIterator[Delta]:
+        wire = wire_params(params, rule)  # with the top-k logprobs the rule needs
+        kw = self._kwargs(messages, wire, 1)
         kw.update(stream=True, stream_options={"include_usage": True})
         # Retries cover opening the stream; a failure mid-stream is raised, since
         # replaying would duplicate text the caller has already seen.
         stream = await self._call(lambda c: c.chat.completions.create(**kw))
-        watch = WatchedText(monitor)
-        finish, usage, n_chunks, tokens = None, None, 0, []
+        watch = WatchedSample(rule)
+        finish, usage, n_tokens, tokens = None, None, 0, []
         try:
             async for chunk in stream:
                 if chunk.usage:
@@ -488,14 +507,16 @@ class OpenAIBackend:
                     continue
                 ch = chunk.choices[0]
                 piece = ch.delta.content or ""
-                n_chunks += bool(piece)
-                lps = _token_logprobs(ch.logprobs) if params.logprobs else None
-                tokens += lps or []
-                kept, looped = watch.add(piece)
-                if kept or lps:
-                    yield Delta(text=kept, logprobs=lps)
-                if looped:
-                    finish = "loop"
+                lps = _token_logprobs(ch.logprobs) if wire.logprobs else None
+                # Without logprobs a chunk is counted as one token (vLLM sends one each).
+                n_tokens += len(lps) if lps else bool(piece)
+                shown = caller_tokens(lps, params)
+                tokens += shown or []
+                kept = watch.add(piece, lps)
+                if kept or shown:
+                    yield Delta(text=kept, logprobs=shown)
+                if watch.stop is not None:
+                    finish = watch.stop.reason
                     break
                 if ch.finish_reason:
                     finish = ch.finish_reason
@@ -507,14 +528,14 @@ class OpenAIBackend:
                 f"upstream stream broke: {type(exc).__name__}: {exc}") from exc
         finally:
             # Closing the HTTP response is how an OpenAI-compatible server learns
-            # to abort the request (early stop, loop alarm, or our cancellation).
+            # to abort the request (a stop rule, or our cancellation).
             await stream.close()
         comp = Completion(
             text=watch.text, prompt_tokens=usage.prompt_tokens if usage else 0,
             cached_tokens=cached_tokens(usage),
-            completion_tokens=usage.completion_tokens if usage else n_chunks,
+            completion_tokens=usage.completion_tokens if usage else n_tokens,
             finish_reason=_finish(finish), loop_onset=watch.onset,
-            token_logprobs=tokens if params.logprobs else None,
+            token_logprobs=tokens if params.logprobs else None, measures=watch.measures(),
             logprob=sum(t.logprob for t in tokens) if params.logprobs and tokens else None)
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
@@ -543,7 +564,7 @@ def cached_tokens(usage: Any) -> int | None:
 
 
 def _finish(reason: str | None) -> str:
-    if reason in ("stop", "length", "loop", "abort"):
+    if reason in FINISH_REASONS:
         return reason
     if reason is None:
         return "abort"

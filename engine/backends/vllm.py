@@ -2,8 +2,11 @@
 
 Many coroutines call ``generate`` at once; vLLM batches their requests.
 ``n > 1`` uses vLLM's parallel sampling (one request, shared prompt prefix),
-except when a loop monitor is on: each sample is then its own request, so a
-looping sample can be aborted alone (prefix caching still shares the prompt).
+except when a stop rule is on (the loop detector, a confidence rule;
+engine/stops.py): each sample is then its own streamed request, so a stopped
+sample can be aborted alone (prefix caching still shares the prompt). A rule
+that needs top-k logprobs gets them from vLLM whatever the caller asked for;
+the caller sees only the logprobs it asked for.
 
 If the engine core process dies, ``dead`` turns True for good: requests in
 flight and new ones raise ``BackendUnavailableError`` (503). vLLM does not
@@ -43,9 +46,17 @@ from refinery.engine.errors import (
     PromptTooLongError,
 )
 from refinery.engine.hardware import DtypeChoice, choose_dtype
-from refinery.engine.loops import LoopDetector, WatchedText
 from refinery.engine.models import DEFAULT_MODEL, resolve_model
+from refinery.engine.stops import (
+    StopRule,
+    WatchedSample,
+    Watcher,
+    as_rule,
+    caller_tokens,
+    wire_params,
+)
 from refinery.engine.types import (
+    FINISH_REASONS,
     Completion,
     Delta,
     Message,
@@ -230,14 +241,15 @@ class VLLMBackend:
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
                        n: int | None = None,
-                       monitor: LoopDetector | None = None) -> list[Completion]:
+                       monitor: Watcher | None = None) -> list[Completion]:
         n = params.n if n is None else n
         if n < 1:
             raise InvalidRequestError(f"n must be >= 1, got {n}", param="n")
         ids = self.prompt_ids(messages)
-        if monitor is not None:
+        rule = as_rule(monitor)
+        if rule is not None:
             return list(await asyncio.gather(
-                *(self._one_monitored(ids, params, monitor) for _ in range(n))))
+                *(self._one_monitored(ids, params, rule) for _ in range(n))))
         from vllm.sampling_params import RequestOutputKind
 
         sp = self._sampling(params, n, len(ids), RequestOutputKind.FINAL_ONLY)
@@ -257,23 +269,24 @@ class VLLMBackend:
         return comps
 
     async def _one_monitored(self, ids: list[int], params: SamplingParams,
-                             detector: LoopDetector) -> Completion:
+                             rule: StopRule) -> Completion:
         last = None
-        async for delta in self._stream_ids(ids, params, detector):
+        async for delta in self._stream_ids(ids, params, rule):
             last = delta
         assert last is not None and last.completion is not None
         return last.completion
 
     def stream(self, messages: Sequence[Message], params: SamplingParams, *,
-               monitor: LoopDetector | None = None) -> AsyncIterator[Delta]:
-        return self._stream_ids(self.prompt_ids(messages), params, monitor)
+               monitor: Watcher | None = None) -> AsyncIterator[Delta]:
+        return self._stream_ids(self.prompt_ids(messages), params, as_rule(monitor))
 
     async def _stream_ids(self, ids: list[int], params: SamplingParams,
-                          detector: LoopDetector | None) -> AsyncIterator[Delta]:
+                          rule: StopRule | None) -> AsyncIterator[Delta]:
         from vllm.sampling_params import RequestOutputKind
 
-        sp = self._sampling(params, 1, len(ids), RequestOutputKind.DELTA)
-        watch = WatchedText(detector)
+        wire = wire_params(params, rule)  # with the top-k logprobs the rule needs
+        sp = self._sampling(wire, 1, len(ids), RequestOutputKind.DELTA)
+        watch = WatchedSample(rule)
         n_tokens, logprob, finish, tokens, cached = 0, 0.0, None, [], None
         async with contextlib.aclosing(self._run(ids, sp)) as outs:
             async for out in outs:
@@ -282,20 +295,22 @@ class VLLMBackend:
                 n_tokens += len(o.token_ids)
                 if o.cumulative_logprob is not None:
                     logprob = o.cumulative_logprob
-                lps = (token_logprobs(o.token_ids, o.logprobs, params.top_logprobs)
-                       if params.logprobs else None)
-                tokens += lps or []
-                kept, looped = watch.add(o.text)
-                if kept or lps:
-                    yield Delta(text=kept, logprobs=lps)
-                if looped:  # closing the generator aborts the vLLM request (see _run)
-                    finish = "loop"
+                lps = (token_logprobs(o.token_ids, o.logprobs, wire.top_logprobs)
+                       if wire.logprobs else None)
+                shown = caller_tokens(lps, params)
+                tokens += shown or []
+                kept = watch.add(o.text, lps)
+                if kept or shown:
+                    yield Delta(text=kept, logprobs=shown)
+                if watch.stop is not None:  # closing the generator aborts the vLLM request
+                    finish = watch.stop.reason
                     break
                 if o.finish_reason is not None:
                     finish = o.finish_reason
         comp = self._completion(watch.text, len(ids), n_tokens, finish or "abort",
                                 logprob if params.logprobs else None, watch.onset, cached)
         comp.token_logprobs = tokens if params.logprobs else None
+        comp.measures = watch.measures()
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
     async def _run(self, ids: list[int], sp: Any) -> AsyncIterator[Any]:
@@ -324,7 +339,7 @@ class VLLMBackend:
     def _completion(text: str, prompt_tokens: int, completion_tokens: int,
                     finish: str | None, logprob: float | None,
                     onset: int | None = None, cached: int | None = None) -> Completion:
-        reason = finish if finish in ("stop", "length", "loop", "abort") else "stop"
+        reason = finish if finish in FINISH_REASONS else "stop"
         return Completion(text=text, prompt_tokens=prompt_tokens,
                           completion_tokens=completion_tokens, finish_reason=reason,
                           logprob=logprob, loop_onset=onset, cached_tokens=cached)

@@ -203,7 +203,7 @@ async def test_no_cached_tokens_field_when_unknown(scripted_serve, client):
 
 @pytest.mark.parametrize("approach,strategy", [
     ("moa", "moa(cot)"), ("bon", "best_of_n(cot, n=3)"), ("self_consistency", "sc(cot, n=5)"),
-    ("re2", "re2"), ("cot_reflection", "cot_reflection")])
+    ("re2", "re2"), ("cot_reflection", "cot_reflection"), ("deepconf", "deepconf(cot)")])
 async def test_every_supported_approach_maps_to_its_spec(scripted_serve, client, approach,
                                                          strategy):
     backend = ScriptedBackend([(r"grading a solution", "Score: 7"), (r".*", ANSWER)])
@@ -228,7 +228,7 @@ async def test_none_and_auto(scripted_serve, client):
 
 @pytest.mark.parametrize("approach,closest", [
     ("mcts", "best_of_n, ssr"), ("rto", "critique_refine"), ("plansearch", "sage(cot)"),
-    ("leap", "cot"), ("deepconf", "sc(cot)")])
+    ("leap", "cot"), ("majority_voting", "sc(cot)")])
 async def test_an_unimplemented_approach_is_a_400_naming_the_closest(scripted_serve, client,
                                                                       approach, closest):
     backend = scripted()

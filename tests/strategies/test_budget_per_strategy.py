@@ -33,7 +33,7 @@ from tests.strategies._util import task
 
 SPECS = ["cot", "sc", "best_of_n", "critique_refine", "ssr", "ssr_ada", "ssr_plan", "sage",
          "dei", "dei(ssr, critique_refine, sage(cot))", "moa", "re2", "cot_reflection",
-         "moa(cot_reflection)"]
+         "moa(cot_reflection)", "deepconf", "deepconf(mode='offline')"]
 PAD = " and so on" * 30  # replies longer than the caps, so token budgets bite
 
 

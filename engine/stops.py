@@ -1,0 +1,216 @@
+"""Stop rules: monitors that watch a sample while it streams and may end it early.
+
+Contract used by the backends: a ``StopRule`` is configuration; ``rule.start()``
+returns a fresh ``StopMonitor`` for one sample; ``monitor.feed(text, tokens)``
+gets each streamed piece of the sample's text with its tokens' logprobs and
+returns a ``Stop`` once the sample should end, else None;
+``monitor.measures()`` is what it measured, kept on the ``Completion``.
+
+A rule with ``top_logprobs = k > 0`` needs each token's top-k alternatives: the
+backend then asks the engine for ``logprobs`` with ``top_logprobs >= k`` (and
+hands the caller only what the caller asked for). With ``k = 0`` the monitor
+gets ``tokens=None`` unless the caller asked for logprobs anyway.
+
+Implementations:
+
+- ``LoopRule`` wraps a loop detector (``engine/loops.py``, the CUSUM one):
+  finish reason ``loop``, text cut at the loop's onset. Backends and ``Context``
+  also take a bare loop detector; ``as_rule`` wraps it.
+- ``ConfidenceRule`` (``engine/confidence.py``): DeepConf's group confidence
+  below a threshold; finish reason ``confidence``, text kept whole.
+- ``AnyRule``: several rules on one sample, the first to stop it wins.
+
+``WatchedSample`` is the one driver both backends use, so a rule behaves the
+same in-process (AsyncLLM: closing the stream aborts the request) and on an
+OpenAI-compatible upstream (closing the HTTP stream aborts it).
+
+Example:
+    >>> watch = WatchedSample(as_rule(CusumLoopDetector()))
+    >>> kept = watch.add(piece, tokens)
+    >>> watch.stop  # None while the sample goes on, else Stop(reason="loop", keep=...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from refinery.engine.loops import LoopDetector, Monitor, cut_at
+from refinery.engine.types import FinishReason, SamplingParams, TokenLogprob
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A monitor's decision to end a sample: the finish reason, and how many chars of
+    the sample's text to keep (None: all of it, up to the piece that tipped it)."""
+
+    reason: FinishReason
+    keep: int | None = None
+
+
+class StopMonitor(Protocol):
+    """The streaming state of one rule on one sample."""
+
+    def feed(self, text: str, tokens: Sequence[TokenLogprob] | None) -> Stop | None: ...
+
+    def measures(self) -> dict[str, float | int] | None: ...
+
+
+@runtime_checkable
+class StopRule(Protocol):
+    """Configuration and a factory of per-sample monitors."""
+
+    top_logprobs: int  # top-k alternatives per token the monitors need (0: none)
+
+    def start(self) -> StopMonitor: ...
+
+
+class _LoopMonitor:
+    __slots__ = ("monitor",)
+
+    def __init__(self, monitor: Monitor) -> None:
+        self.monitor = monitor
+
+    def feed(self, text: str, tokens: Sequence[TokenLogprob] | None) -> Stop | None:
+        alarm = self.monitor.feed(text) if text else None
+        return None if alarm is None else Stop("loop", keep=alarm.onset)
+
+    def measures(self) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class LoopRule:
+    """A loop detector as a stop rule: reason ``loop``, cut at the loop's onset.
+
+    Example:
+        >>> mon = LoopRule(CusumLoopDetector()).start()
+        >>> mon.feed("Two plus two is four.", None) is None
+        True
+    """
+
+    detector: LoopDetector
+    top_logprobs: ClassVar[int] = 0
+
+    def start(self) -> StopMonitor:
+        return _LoopMonitor(self.detector.new())
+
+
+class _AnyMonitor:
+    __slots__ = ("monitors",)
+
+    def __init__(self, monitors: list[StopMonitor]) -> None:
+        self.monitors = monitors
+
+    def feed(self, text: str, tokens: Sequence[TokenLogprob] | None) -> Stop | None:
+        stops = [m.feed(text, tokens) for m in self.monitors]  # every monitor sees every piece
+        return next((s for s in stops if s is not None), None)
+
+    def measures(self) -> dict[str, float | int] | None:
+        found = [m for mon in self.monitors if (m := mon.measures())]
+        return {k: v for m in found for k, v in m.items()} if found else None
+
+
+@dataclass(frozen=True)
+class AnyRule:
+    """Several rules on one sample; the first (in order) to stop it wins.
+
+    Example:
+        >>> AnyRule((LoopRule(CusumLoopDetector()), ConfidenceRule(threshold=9.0))).top_logprobs
+        20
+    """
+
+    rules: tuple[StopRule, ...]
+
+    @property
+    def top_logprobs(self) -> int:
+        return max((r.top_logprobs for r in self.rules), default=0)
+
+    def start(self) -> StopMonitor:
+        return _AnyMonitor([r.start() for r in self.rules])
+
+
+Watcher = StopRule | LoopDetector
+
+
+def as_rule(monitor: Watcher | None) -> StopRule | None:
+    """``monitor`` as a stop rule: a rule as it is, a loop detector wrapped in ``LoopRule``."""
+    if monitor is None or isinstance(monitor, StopRule):
+        return monitor
+    return LoopRule(monitor)
+
+
+def combine(*monitors: Watcher | None) -> Watcher | None:
+    """The monitors of one call as one: None if none, the one itself if one, else ``AnyRule``.
+
+    A single loop detector stays as given (so a backend, or a test, sees the detector).
+    """
+    found = [m for m in monitors if m is not None]
+    if len(found) <= 1:
+        return found[0] if found else None
+    return AnyRule(tuple(r for m in found if (r := as_rule(m)) is not None))
+
+
+def wire_params(params: SamplingParams, rule: StopRule | None) -> SamplingParams:
+    """What to ask the engine for: ``params``, with the top-k logprobs ``rule`` needs.
+
+    Example:
+        >>> wire_params(SamplingParams(), ConfidenceRule(top_k=5)).top_logprobs
+        5
+    """
+    need = rule.top_logprobs if rule is not None else 0
+    if not need or (params.logprobs and params.top_logprobs >= need):
+        return params
+    return params.but(logprobs=True, top_logprobs=need)
+
+
+def caller_tokens(tokens: list[TokenLogprob] | None,
+                  params: SamplingParams) -> list[TokenLogprob] | None:
+    """The part of ``tokens`` (fetched for the wire params) the caller asked for."""
+    if not params.logprobs or tokens is None:
+        return None
+    k = params.top_logprobs
+    return [t if len(t.top_logprobs) <= k
+            else t.model_copy(update={"top_logprobs": t.top_logprobs[:k]}) for t in tokens]
+
+
+class WatchedSample:
+    """One streamed sample under a fresh monitor of ``rule`` (if any): the shared driver.
+
+    Both backends feed it each piece as it arrives, with the piece's tokens when
+    they were fetched: ``add`` returns the part of the piece to pass on; once a
+    monitor stops the sample, ``stop`` is set and ``text`` ends where it says
+    (``onset``: the cut, when the stop keeps less than all).
+
+    Example:
+        >>> watch = WatchedSample(as_rule(CusumLoopDetector()))
+        >>> kept = watch.add("Two plus two is four.")
+        >>> watch.text, watch.stop
+        ('Two plus two is four.', None)
+    """
+
+    def __init__(self, rule: StopRule | None) -> None:
+        self.monitor = rule.start() if rule is not None else None
+        self.text = ""
+        self.stop: Stop | None = None
+        self.onset: int | None = None
+
+    def add(self, piece: str, tokens: Sequence[TokenLogprob] | None = None) -> str:
+        stop = (self.monitor.feed(piece, tokens)
+                if self.monitor is not None and self.stop is None and (piece or tokens)
+                else None)
+        if stop is None:
+            self.text += piece
+            return piece
+        self.stop = stop
+        if stop.keep is None:
+            self.text += piece
+            return piece
+        # Clamped to the text seen so far; the part of the piece before the cut goes on.
+        self.onset, kept = cut_at(self.text, piece, stop.keep)
+        self.text = (self.text + piece)[:self.onset]
+        return kept
+
+    def measures(self) -> dict[str, Any] | None:
+        return self.monitor.measures() if self.monitor is not None else None

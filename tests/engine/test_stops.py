@@ -1,0 +1,215 @@
+"""Stop rules: DeepConf's confidence monitor, the loop detector through the same
+interface, and how the backends (scripted double, OpenAI upstream) drive them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import StreamingResponse
+
+from refinery.engine.backends.openai import OpenAIBackend
+from refinery.engine.confidence import ConfidenceRule, percentile, token_confidence
+from refinery.engine.context import Context
+from refinery.engine.loops import CusumLoopDetector
+from refinery.engine.stops import (
+    AnyRule,
+    LoopRule,
+    Stop,
+    WatchedSample,
+    as_rule,
+    caller_tokens,
+    combine,
+    wire_params,
+)
+from refinery.engine.types import Message, SamplingParams, TokenLogprob, TopLogprob
+from tests.engine.test_backend_openai import ThreadedApp
+from tests.scripted_backend import ScriptedBackend
+
+Q = [Message(role="user", content="q")]
+SURE = [0.0, -10.0, -10.0, -10.0]  # confidence 7.5
+UNSURE = [-1.0, -1.5, -1.5, -2.0]  # confidence 1.5
+LOOP = ("First add 3 and 4 to get 7. " + "Then we add 3 and 4 again to check. " * 12)
+
+
+def tok(*logprobs: float) -> TokenLogprob:
+    return TokenLogprob(token="w", logprob=logprobs[0],
+                        top_logprobs=[TopLogprob(token=f"t{i}", logprob=v)
+                                      for i, v in enumerate(logprobs)])
+
+
+def sure_then_unsure(sure: int):
+    """``tops`` for the double: ``sure`` confident words, then unsure ones."""
+    return lambda text, i: [SURE] * sure + [UNSURE] * len(text.split())
+
+
+def test_token_confidence_is_minus_the_mean_of_the_top_k():
+    assert token_confidence(tok(*SURE), 4) == 7.5
+    assert token_confidence(tok(*SURE), 2) == 5.0  # only the k most likely count
+    assert token_confidence(TokenLogprob(token="w", logprob=-0.25), 20) == 0.25
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0 and percentile([5.0], 90) == 5.0
+
+
+def test_confidence_monitor_measures_groups_tail_and_bottom10():
+    mon = ConfidenceRule(top_k=4, window=2, tail=3).start()
+    assert mon.feed("a b", [tok(*SURE), tok(*SURE)]) is None
+    assert mon.feed("c d", [tok(*UNSURE), tok(*SURE)]) is None  # no threshold: never stops
+    m = mon.measures()
+    # groups: (7.5+7.5)/2, (7.5+1.5)/2, (1.5+7.5)/2
+    assert m["confidence"] == 4.5 and m["bottom10"] == 4.5
+    assert m["tail"] == pytest.approx((1.5 + 7.5 + 7.5) / 3)
+    assert m["mean"] == 6.0 and m["tokens"] == 4 and "stopped_at" not in m
+
+
+def test_a_trace_shorter_than_the_window_is_one_group():
+    mon = ConfidenceRule(top_k=4, window=10, threshold=100.0).start()
+    assert mon.feed("a b", [tok(*SURE), tok(*UNSURE)]) is None  # no full window: no stop
+    assert mon.measures()["confidence"] == 4.5
+
+
+async def test_a_low_confidence_trace_is_stopped_at_the_token_that_tips_the_window():
+    backend = ScriptedBackend([(".*", " ".join(f"w{j}" for j in range(40)))], watch=True,
+                              tops=sure_then_unsure(10))
+    ctx = Context(backend, params=SamplingParams(max_tokens=64))
+    rule = ConfidenceRule(top_k=4, window=4, threshold=4.6)
+    [c] = await ctx.generate(Q, stop_rule=rule)
+    # Windows of 4 over 10 tokens at 7.5, then 1.5: 6.0 at the 11th token, then
+    # (2 x 7.5 + 2 x 1.5) / 4 = 4.5 < 4.6 at the 12th: stopped there.
+    assert c.finish_reason == "confidence"
+    assert c.measures["stopped_at"] == 12 and c.completion_tokens == 12
+    assert c.text == " ".join(f"w{j}" for j in range(12))  # kept whole, up to the stop
+    assert c.measures["confidence"] == 4.5
+    assert ctx.spent.completion_tokens == 12  # usage: every token before the stop
+    assert c.token_logprobs is None  # fetched for the rule, not shown to the caller
+
+
+async def test_a_confident_trace_runs_to_its_end_and_is_measured():
+    backend = ScriptedBackend([(".*", "one two three four five six")], watch=True,
+                              tops=lambda text, i: [SURE] * 6)
+    [c] = await Context(backend).generate(
+        Q, SamplingParams(logprobs=True, top_logprobs=1),
+        stop_rule=ConfidenceRule(top_k=4, window=4, threshold=4.6))
+    assert c.finish_reason == "stop" and c.completion_tokens == 6
+    assert c.measures["confidence"] == 7.5 and "stopped_at" not in c.measures
+    # The caller asked for 1 alternative; the rule's 4 stay inside the backend.
+    assert all(len(t.top_logprobs) == 1 for t in c.token_logprobs)
+
+
+def test_wire_params_ask_for_what_the_rule_needs_and_callers_get_what_they_asked():
+    rule = ConfidenceRule(top_k=20)
+    assert wire_params(SamplingParams(), None) == SamplingParams()
+    wire = wire_params(SamplingParams(logprobs=True, top_logprobs=2), rule)
+    assert wire.logprobs and wire.top_logprobs == 20
+    assert wire_params(SamplingParams(), LoopRule(CusumLoopDetector())) == SamplingParams()
+    tokens = [tok(*([-1.0] * 20))]
+    assert caller_tokens(tokens, SamplingParams()) is None
+    [t] = caller_tokens(tokens, SamplingParams(logprobs=True, top_logprobs=3))
+    assert len(t.top_logprobs) == 3
+
+
+def test_combine_keeps_a_lone_detector_and_joins_several():
+    det, rule = CusumLoopDetector(), ConfidenceRule()
+    assert combine(None, None) is None and combine(det, None) is det
+    both = combine(det, rule)
+    assert isinstance(both, AnyRule) and both.top_logprobs == 20
+    assert isinstance(as_rule(det), LoopRule) and as_rule(rule) is rule
+
+
+def loop_cut_directly(text: str) -> int:
+    alarm = CusumLoopDetector().new().feed(text)
+    return alarm.onset
+
+
+@pytest.mark.parametrize("with_confidence", [False, True])
+async def test_the_loop_detector_cuts_as_before_through_the_interface(with_confidence):
+    # Fed word by word through the driver, alone or beside a confidence rule that only
+    # measures, the CUSUM monitor stops the sample where it alarms on the whole text.
+    backend = ScriptedBackend([(".*", LOOP)], watch=True)
+    ctx = Context(backend, loop_detector=CusumLoopDetector(), loop_policy="truncate",
+                  params=SamplingParams(max_tokens=500))
+    rule = ConfidenceRule(top_k=4, window=4) if with_confidence else None
+    [c] = await ctx.generate(Q, stop_rule=rule)
+    onset = loop_cut_directly(LOOP)
+    assert c.finish_reason == "loop" and c.loop_onset == onset
+    assert c.text == LOOP[:onset] and c.text.count("Then we") == 1
+    assert c.completion_tokens < len(LOOP.split())
+    assert (c.measures is not None) == with_confidence
+
+
+def test_watched_sample_cuts_a_piece_at_the_onset():
+    class CutAt5:
+        top_logprobs = 0
+
+        def start(self):
+            class M:
+                def feed(self, text, tokens):
+                    return Stop("loop", keep=5) if "x" in text else None
+
+                def measures(self):
+                    return None
+            return M()
+
+    watch = WatchedSample(CutAt5())
+    assert watch.add("abc") == "abc"
+    assert watch.add("dexyz") == "de" and watch.text == "abcde" and watch.onset == 5
+    assert watch.stop.reason == "loop"
+
+
+# -- an OpenAI-compatible upstream: the stream is closed at the stop ---------------------
+
+
+def chunk(piece: str, top: list[float] | None) -> str:
+    lp = None
+    if top is not None:
+        lp = {"content": [{"token": piece, "logprob": top[0], "bytes": None,
+                           "top_logprobs": [{"token": f"t{i}", "logprob": v, "bytes": None}
+                                            for i, v in enumerate(top)]}]}
+    body = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+            "choices": [{"index": 0, "delta": {"content": piece}, "logprobs": lp,
+                         "finish_reason": None}]}
+    return f"data: {json.dumps(body)}\n\n"
+
+
+class StreamingUpstream(ThreadedApp):
+    """Streams 200 tokens, 10 sure then unsure, one per chunk; records each request body
+    and how many chunks went out before the client hung up."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+        self.sent = 0
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            req = await request.json()
+            self.bodies.append(req)
+
+            async def body():
+                for j in range(200):
+                    top = (SURE if j < 10 else UNSURE)[: req.get("top_logprobs") or 1]
+                    yield chunk(f" w{j}", top if req.get("logprobs") else None)
+                    self.sent += 1
+                    await asyncio.sleep(0.005)
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(body(), media_type="text/event-stream")
+
+        super().__init__(app)
+
+
+async def test_an_upstream_stream_is_closed_at_a_confidence_stop():
+    upstream = StreamingUpstream()
+    with upstream as url:
+        be = OpenAIBackend("m", url)
+        rule = ConfidenceRule(top_k=4, window=4, threshold=4.6)
+        [c] = await be.generate(Q, SamplingParams(max_tokens=300), monitor=rule)
+        await asyncio.sleep(0.3)  # the server notices the hang-up
+        await be.aclose()
+    [req] = upstream.bodies
+    assert req["logprobs"] is True and req["top_logprobs"] == 4  # asked for the rule
+    assert c.finish_reason == "confidence" and c.measures["stopped_at"] == 12
+    assert c.completion_tokens == 12 and c.text == "".join(f" w{j}" for j in range(12))
+    assert c.token_logprobs is None and c.logprob is None
+    assert upstream.sent < 100  # aborted, not drained
