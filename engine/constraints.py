@@ -144,7 +144,10 @@ class Constraint(BaseModel):
             return max(len(c) for c in self.choice)
         if self.regex is None:
             return None
-        from re import _parser  # the stdlib's own regex parser (sre_parse)
+        try:
+            from re import _parser  # the stdlib's own regex parser (3.11+)
+        except ImportError:  # Python 3.10
+            import sre_parse as _parser
 
         try:
             _, high = _parser.parse(self.regex).getwidth()
