@@ -65,10 +65,12 @@ async def test_every_strategy_completes_on_8_gsm8k_problems(vllm_backend, tmp_pa
     # Refiners really refine: more calls per task than a single CoT sample.
     for spec in ("critique_refine", "ssr(max_iter=0)", "sage(cot)", DEI):
         assert min(t.usage.calls for t in by_spec[spec]) >= 2, spec
-    # On vLLM the parsed steps run constrained, and they parse.
-    notes = [e.data["parse"] for t in by_spec["ssr(max_iter=0)"] for e in t.events
-             if "parse" in e.data]
-    decompositions = [p for n in notes if n["step"] == "decompose" for p in n["parsed"]]
-    assert notes and all(n["structured"] for n in notes)
-    assert sum(decompositions) >= 0.9 * len(decompositions) > 0
+    # On vLLM the parsed steps run constrained: a sample that does not parse can only
+    # be one cut by this test's 128-token cap, never a finished one in another shape.
+    events = [e for t in by_spec["ssr(max_iter=0)"] for e in t.events if "parse" in e.data]
+    assert events and all(e.data["parse"]["structured"] for e in events)
+    samples = [(ok, c.finish_reason) for e in events
+               for ok, c in zip(e.data["parse"]["parsed"], e.completions, strict=True)]
+    assert any(ok for ok, _ in samples)
+    assert all(finish == "length" for ok, finish in samples if not ok), samples
     assert all(t.usage.calls <= 2 for t in by_spec["cot"])  # 2 only after a loop retry
