@@ -21,11 +21,10 @@ from refinery.strategies.base import (
     SampledParams,
     Scored,
     StructuredParams,
-    gather_attempts,
     record_parse,
     step_params,
 )
-from refinery.strategies.cot import CoT
+from refinery.strategies.cot import CoT, sample_inner
 from refinery.verifiers.judge import parse_score, score_form
 
 JUDGE = """You are grading a solution to a problem.
@@ -93,12 +92,8 @@ class BestOfN(LoopStrategy):
 
     async def propose(self, task: Task, ctx: Context, rnd: int,
                       last: list[Scored[Grade]]) -> list[Attempt]:
-        inner = self.inner[0]
-        if isinstance(inner, CoT):
-            return await inner.sample(task, ctx.inner(), self.params.n,
-                                      temperature=self.params.temperature)
-        return await gather_attempts(inner.solve(task, ctx.inner())
-                                     for _ in range(self.params.n))
+        return await sample_inner(self.inner[0], task, ctx, self.params.n,
+                                  temperature=self.params.temperature)
 
     async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored[Grade]]:
         use_verifier = ctx.verifier is not None and self.params.scorer != "judge"

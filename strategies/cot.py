@@ -10,7 +10,13 @@ from pydantic import Field
 from refinery.engine.context import Context
 from refinery.engine.trace import StepKind
 from refinery.engine.types import Attempt, Message, Task
-from refinery.strategies.base import Strategy, StrategyParams, attempt_from, with_question
+from refinery.strategies.base import (
+    Strategy,
+    StrategyParams,
+    attempt_from,
+    gather_attempts,
+    with_question,
+)
 
 INSTRUCTION = ("Work through the problem step by step, then write the final answer as "
                "\\boxed{...}.")
@@ -59,3 +65,14 @@ class CoT(Strategy):
         # has no final sink, unless this run's text really is the answer.
         [attempt] = await self.sample(task, ctx, 1, final=True)
         return attempt
+
+
+async def sample_inner(inner: Strategy, task: Task, ctx: Context, n: int, *,
+                       temperature: float | None = None,
+                       logprobs: bool = False) -> list[Attempt]:
+    """``n`` attempts of ``inner``: one request with n samples for a cot variant
+    (vLLM's parallel sampling), else n concurrent solves, each on an inner view."""
+    if isinstance(inner, CoT):
+        return await inner.sample(task, ctx.inner(), n, temperature=temperature,
+                                  logprobs=logprobs)
+    return await gather_attempts(inner.solve(task, ctx.inner()) for _ in range(n))

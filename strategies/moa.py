@@ -17,10 +17,9 @@ from refinery.strategies.base import (
     StrategyParams,
     attempt_from,
     exc_message,
-    gather_attempts,
     with_question,
 )
-from refinery.strategies.cot import CoT
+from refinery.strategies.cot import CoT, sample_inner
 from refinery.strategies.cot_reflection import CoTReflection
 from refinery.strategies.re2 import ReRead
 from refinery.verifiers.math import normalize_answer
@@ -117,12 +116,8 @@ class MoA(Strategy):
             return self.fallback(ctx, drafts, exc)
 
     async def draft(self, task: Task, ctx: Context) -> list[Attempt]:
-        inner = self.inner[0]
-        if isinstance(inner, CoT):
-            return await inner.sample(task, ctx.inner(), self.params.n,
-                                      temperature=self.params.temperature)
-        return await gather_attempts(inner.solve(task, ctx.inner())
-                                     for _ in range(self.params.n))
+        return await sample_inner(self.inner[0], task, ctx, self.params.n,
+                                  temperature=self.params.temperature)
 
     async def critique(self, task: Task, ctx: Context, drafts: list[Attempt]) -> tuple[str, str]:
         """The critique's text and the id of its trace event."""

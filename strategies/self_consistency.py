@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from refinery.engine.context import Context
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Task
-from refinery.strategies.base import Detail, LoopStrategy, SampledParams, Scored, gather_attempts
-from refinery.strategies.cot import CoT
+from refinery.strategies.base import Detail, LoopStrategy, SampledParams, Scored
+from refinery.strategies.cot import CoT, sample_inner
 from refinery.verifiers.math import normalize_answer
 
 
@@ -59,12 +59,8 @@ class SelfConsistency(LoopStrategy):
 
     async def propose(self, task: Task, ctx: Context, rnd: int,
                       last: list[Scored[Votes]]) -> list[Attempt]:
-        inner = self.inner[0]
-        if isinstance(inner, CoT):
-            return await inner.sample(task, ctx.inner(), self.params.n, logprobs=True,
-                                      temperature=self.params.temperature)
-        return await gather_attempts(inner.solve(task, ctx.inner())
-                                     for _ in range(self.params.n))
+        return await sample_inner(self.inner[0], task, ctx, self.params.n,
+                                  temperature=self.params.temperature, logprobs=True)
 
     async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored[Votes]]:
         keys = [normalize_answer(a.answer) if a.answer else "" for a in cands]
