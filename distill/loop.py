@@ -51,6 +51,7 @@ from refinery.engine.backends.factory import BackendSpec, make_backend
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.eval.datasets import Example, load_dataset
 from refinery.eval.metrics import Accuracy
+from refinery.eval.ray_pool import RayOptions
 from refinery.eval.runner import EvalConfig, RunSummary, run_eval
 from refinery.strategies.cot import INSTRUCTION as COT_INSTRUCTION
 
@@ -93,6 +94,8 @@ class LoopConfig(BaseModel):
     gold_fallback_rows: int = Field(0, ge=0)
     train: dict[str, Any] = Field(default_factory=dict)
     isolate_training: bool = True
+    ray: RayOptions | None = Field(None, description="sample on Ray actors (the train split "
+                                   "and the round's weights must be readable on every node)")
 
 
 class RoundReport(BaseModel):
@@ -260,12 +263,17 @@ async def run_loop(config: LoopConfig, *, backend: Backend | None = None,
             rd.mkdir(exist_ok=True)
             secs: dict[str, float] = {}
             t = time.monotonic()
+            if config.ray is not None and owned and be is not None:
+                # the actors start their own engines: this one would only hold memory
+                closing, be, owned = be, None, False
+                await closing.aclose()
+                del closing
             sample = await run_eval(EvalConfig(
                 dataset=config.dataset, strategy=config.strategy, out=str(rd / "sample"),
                 model=model, split="train", limit=config.train_size, seed=config.seed,
                 levels=config.levels, temperature=config.sample_temperature,
-                max_tokens=config.max_tokens, concurrency=config.concurrency),
-                backend=be, examples=train_ex, progress=progress)
+                max_tokens=config.max_tokens, concurrency=config.concurrency, ray=config.ray),
+                backend=None if config.ray else be, examples=train_ex, progress=progress)
             secs["sample"] = time.monotonic() - t
             log(f"round {rnd}: {config.strategy} on {sample.total} train problems: "
                 f"accuracy {sample.accuracy} [{secs['sample']:.0f}s]")

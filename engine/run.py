@@ -242,6 +242,22 @@ async def gather_or_cancel(coros: Sequence[Awaitable[T]]) -> list[T]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def solve_recorded(strategy: Solver, task: Task, backend: Backend, *,
+                         gold: str | None = None, **kwargs: Any) -> Trace:
+    """:func:`solve_one`, with a refinery error recorded on the Trace instead of raised.
+
+    The unit of work of :func:`iter_run` and of a Ray actor (``refinery.eval.ray_pool``):
+    the caller decides what a recorded error means by ``trace.exception``'s type.
+    """
+    try:
+        return await solve_one(strategy, task, backend, gold=gold, **kwargs)
+    except RefineryError as exc:
+        trace = Trace(task_id=task.id, task=task.record(gold),
+                      strategy=kwargs.get("spec") or strategy.name, model=backend.model)
+        trace.fail(exc)
+        return trace
+
+
 async def iter_run(strategy: Solver, tasks: Sequence[Task], backend: Backend, *,
                    concurrency: int = 64, trace_writer: TraceWriter | None = None,
                    on_error: OnError = "record", golds: Mapping[str, str | None] | None = None,
@@ -258,15 +274,11 @@ async def iter_run(strategy: Solver, tasks: Sequence[Task], backend: Backend, *,
 
     async def one(task: Task) -> Trace:
         async with sem:
-            try:
-                gold = golds.get(task.id) if golds else None
+            gold = golds.get(task.id) if golds else None
+            if on_error == "raise":
                 trace = await solve_one(strategy, task, backend, gold=gold, **kwargs)
-            except RefineryError as exc:
-                if on_error == "raise":
-                    raise
-                trace = Trace(task_id=task.id, task=task.record(gold),
-                              strategy=kwargs.get("spec") or strategy.name, model=backend.model)
-                trace.fail(exc)
+            else:
+                trace = await solve_recorded(strategy, task, backend, gold=gold, **kwargs)
             if trace_writer is not None:
                 await trace_writer.write(trace)
             return trace

@@ -3,10 +3,12 @@
 Imports engine, verifiers and strategies only.
 
 Example:
-    >>> from eval import EvalConfig, run_eval, write_report
+    >>> from refinery.eval import EvalConfig, run_eval, write_report
     >>> summary = await run_eval(EvalConfig(dataset="arith", strategy="cot", limit=20,
     ...                                     out="runs/cot-arith"))
     >>> write_report(["runs/cot-arith"], "docs", name="arith")
+    >>> # the same run on 4 Ray actors, one engine each
+    >>> await run_eval(EvalConfig(..., ray=RayOptions(address="auto", replicas=4)))
 """
 
 from refinery.eval.datasets import (
@@ -22,6 +24,7 @@ from refinery.eval.datasets import (
     load_math500,
     parse_fields,
 )
+from refinery.eval.guarded import StrategyCrash
 from refinery.eval.metrics import (
     Accuracy,
     CostSummary,
@@ -35,6 +38,7 @@ from refinery.eval.metrics import (
     pass_at_k,
     wilson_interval,
 )
+from refinery.eval.ray_pool import RayOptions
 from refinery.eval.report import ReportFiles, RunReport, load_run, pareto_front, write_report
 from refinery.eval.runner import (
     ConfigMismatchError,
@@ -54,11 +58,13 @@ __all__ = [
     "EvalConfig",
     "Example",
     "ReportFiles",
+    "RayOptions",
     "RunAborted",
     "RunReport",
     "RunSummary",
     "Score",
     "Scorer",
+    "StrategyCrash",
     "accuracy",
     "cost_summary",
     "dataset_fingerprint",

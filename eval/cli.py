@@ -23,6 +23,7 @@ from refinery.engine.backends.factory import BackendKind
 from refinery.engine.console import INTERRUPTED, USAGE, fail
 from refinery.engine.errors import RefineryError
 from refinery.engine.models import DEFAULT_MODEL
+from refinery.eval.ray_pool import RayOptions
 
 __all__ = ["eval_app"]
 
@@ -70,8 +71,20 @@ def run_cmd(
     progress: bool = typer.Option(True, help="show a progress bar"),
     dtype: str = typer.Option("auto", help="engine dtype: auto (on CPU bfloat16 only where "
                               "the CPU has native bf16, else float32), float32, bfloat16"),
+    ray: bool = typer.Option(False, "--ray", help="solve on Ray actors, one engine each "
+                             "(pip install 'refinery[ray]')"),
+    ray_address: str = typer.Option(None, help="Ray cluster: auto | ray://HOST:10001 | "
+                                    "HOST:6379 (default: start one on this machine)"),
+    replicas: int = typer.Option(1, min=1, help="Ray actors (engines)"),
+    cpus_per_replica: float = typer.Option(1.0, min=0.0, help="Ray CPUs each actor holds"),
+    gpus_per_replica: float = typer.Option(0.0, min=0.0, help="Ray GPUs each actor holds"),
+    tensor_parallel_size: int = typer.Option(1, min=1, help="GPUs one engine spans"),
 ) -> None:
-    """Run STRATEGY on DATASET; one result line per problem in OUT/results.jsonl."""
+    """Run STRATEGY on DATASET; one result line per problem in OUT/results.jsonl.
+
+    With --ray, whole problems go to REPLICAS Ray actors (all calls of a problem on
+    one engine); this process writes every result, so a killed actor loses nothing.
+    """
     # vLLM logs every engine detail; a benchmark user wants the progress bar.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from refinery.eval.datasets import parse_fields
@@ -85,7 +98,9 @@ def run_cmd(
             temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_calls=max_calls,
             max_problem_tokens=problem_tokens, max_seconds=max_seconds,
             loop_policy=loop_policy.value, concurrency=concurrency, backend=backend.value,
-            base_url=list(base_url or []), dtype=dtype)
+            base_url=list(base_url or []), dtype=dtype,
+            ray=_ray_options(ray, ray_address, replicas, cpus_per_replica, gpus_per_replica,
+                             tensor_parallel_size))
         summary = asyncio.run(run_eval(config, force=force, retry_errors=retry_errors,
                                        progress=progress))
     except RefineryError as exc:
@@ -101,6 +116,16 @@ def run_cmd(
                f"accuracy {summary.accuracy}  tokens/problem {c.tokens:.0f}  "
                f"calls/problem {c.calls:.2f}  latency {c.latency_seconds:.2f}s  "
                f"this session {summary.seconds:.1f}s")
+
+
+def _ray_options(on: bool, address: str | None, replicas: int, cpus: float, gpus: float,
+                 tp: int) -> RayOptions | None:
+    if not on:
+        if address or replicas > 1:
+            raise typer.BadParameter("--ray-address and --replicas need --ray")
+        return None
+    return RayOptions(address=address, replicas=replicas, num_cpus=cpus, num_gpus=gpus,
+                      tensor_parallel_size=tp)
 
 
 @eval_app.command("report")

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
@@ -49,7 +49,7 @@ from pydantic import BaseModel, Field
 
 from refinery.engine.backends.base import Backend
 from refinery.engine.backends.factory import BackendKind, BackendSpec, make_backend
-from refinery.engine.context import Budget, Context, LoopPolicy
+from refinery.engine.context import Budget, LoopPolicy
 from refinery.engine.errors import (
     BackendUnavailableError,
     InvalidRequestError,
@@ -61,9 +61,11 @@ from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.run import iter_run
 from refinery.engine.trace import Trace, TraceWriter, append_whole_line
-from refinery.engine.types import Attempt, SamplingParams, Task
+from refinery.engine.types import SamplingParams
 from refinery.eval.datasets import REPO, Example, Split, dataset_fingerprint, load_dataset
+from refinery.eval.guarded import Guarded, build_strategy
 from refinery.eval.metrics import Accuracy, CostSummary, Scorer, accuracy, cost_summary
+from refinery.eval.ray_pool import RayOptions
 
 __all__ = [
     "RESULTS",
@@ -92,10 +94,6 @@ class ConfigMismatchError(InvalidRequestError):
 
 class RunAborted(RefineryError):
     """The run stopped before the end (backend died, sandbox broke); rerun to resume."""
-
-
-class StrategyCrash(RefineryError):
-    """A strategy raised something other than a RefineryError (a bug); recorded per problem."""
 
 
 class EvalConfig(BaseModel):
@@ -131,6 +129,8 @@ class EvalConfig(BaseModel):
     base_url: list[str] = Field(default_factory=list)
     dtype: str = Field("auto", description="in-process engine dtype; auto: what the CPU "
                        "computes natively (not part of the run's identity)")
+    ray: RayOptions | None = Field(None, description="solve on Ray actors, one engine each "
+                                   "(not part of the run's identity)")
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p,
@@ -304,34 +304,6 @@ def graph_json(g: nx.DiGraph) -> dict[str, Any]:
 # ------------------------------------------------------------------------------ helpers
 
 
-class _Guarded:
-    """Turns a strategy's non-Refinery exception (a bug) into a recorded per-problem error,
-    so one bad problem does not end a 200-problem run (and its resume) every time."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.name = inner.name
-
-    async def solve(self, task: Task, ctx: Context) -> Attempt:
-        try:
-            return await self.inner.solve(task, ctx)
-        except (RefineryError, asyncio.CancelledError):
-            raise
-        except Exception as exc:
-            raise StrategyCrash(f"{type(exc).__name__}: {exc}") from exc
-
-
-def build_strategy(spec: str) -> tuple[Any, nx.DiGraph]:
-    """``(strategy, validated graph)`` for a spec, via the strategies registry.
-
-    Raises:
-        SpecError, BudgetError: a bad spec.
-    """
-    from refinery.strategies import build_with_graph
-
-    return build_with_graph(spec)
-
-
 def backend_spec(config: EvalConfig) -> BackendSpec:
     """The backend a config names: in-process vLLM, or an OpenAI-compatible server."""
     return BackendSpec(config.model, BackendKind(config.backend), tuple(config.base_url),
@@ -411,6 +383,37 @@ def _progress(enabled: bool, total: int, done: int) -> Any:
     return prog
 
 
+@contextlib.asynccontextmanager
+async def _traces(config: EvalConfig, strategy: Any, canonical: str, todo: Sequence[Example],
+                  backend: Backend | None, writer: TraceWriter) -> AsyncIterator[Any]:
+    """The traces of ``todo`` as they finish: on Ray actors (``config.ray``), or on
+    ``backend`` (default: the one the config names, started here, closed after)."""
+    tasks, golds = [e.to_task() for e in todo], {e.id: e.gold for e in todo}
+    if config.ray is not None:
+        if backend is not None:
+            raise InvalidRequestError("a run on Ray starts its own engines; pass no backend")
+        from refinery.eval.ray_pool import Work, iter_ray_run
+
+        work = Work(canonical, backend_spec(config), config.sampling(), config.budget(),
+                    config.loop_policy)
+        stream = iter_ray_run(config.ray, work, tasks, concurrency=config.concurrency,
+                              trace_writer=writer, golds=golds)
+    else:
+        own = backend is None
+        backend = backend or await make_backend(backend_spec(config))
+        stream = iter_run(Guarded(strategy), tasks, backend, concurrency=config.concurrency,
+                          trace_writer=writer, spec=canonical, params=config.sampling(),
+                          golds=golds, budget=config.budget(),
+                          loop_detector=CusumLoopDetector(),  # unused when "off"
+                          loop_policy=config.loop_policy)
+    try:
+        yield stream
+    finally:
+        await stream.aclose()
+        if config.ray is None and own:
+            await backend.aclose()
+
+
 # ---------------------------------------------------------------------------------- run
 
 
@@ -456,6 +459,7 @@ async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
                      "graph": graph_json(graph), "mermaid": to_mermaid(graph)},
         "model": config.model,
         "backend": {"kind": config.backend, "base_url": config.base_url},
+        "ray": config.ray.model_dump() if config.ray else None,
         "sampling": config.sampling().model_dump(),
         "budget": config.budget().model_dump(),
         "concurrency": config.concurrency,
@@ -483,25 +487,14 @@ async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
             current.append(r)
     ran = 0
     if todo:
-        own_backend = backend is None
-        if backend is None:
-            backend = await make_backend(backend_spec(config))
         scorer = Scorer()
         session, session_start = uuid.uuid4().hex[:12], time.time()
         writer = TraceWriter(traces_path)
-        guarded = _Guarded(strategy)
         correct = sum(1 for r in current if r.get("passed"))
         prog = _progress(progress, len(examples), len(done))
-        try:
+        async with _traces(config, strategy, canonical, todo, backend, writer) as stream:
             with prog:
                 bar = prog.add_task(config.strategy, total=len(examples), completed=len(done))
-                stream = iter_run(guarded, [e.to_task() for e in todo], backend,
-                                  concurrency=config.concurrency, trace_writer=writer,
-                                  spec=canonical, params=config.sampling(),
-                                  golds={e.id: e.gold for e in todo},
-                                  budget=config.budget(),
-                                  loop_detector=CusumLoopDetector(),  # unused when "off"
-                                  loop_policy=config.loop_policy)
                 async for trace in stream:
                     if isinstance(trace.exception, _INFRA_ERRORS):
                         raise RunAborted(f"the backend could not serve problem "
@@ -521,12 +514,8 @@ async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
                     correct += bool(row["passed"])
                     if on_result is not None:
                         on_result(row)
-                    n_now = len(current)
                     prog.update(bar, advance=1, description=(
-                        f"{config.strategy}  acc {100 * correct / n_now:.1f}%"))
-        finally:
-            if own_backend and backend is not None:
-                await backend.aclose()
+                        f"{config.strategy}  acc {100 * correct / len(current):.1f}%"))
     return RunSummary(out=str(out), total=len(examples), done=len(current), ran=ran,
                       skipped=len(done), accuracy=accuracy(r["passed"] for r in current),
                       cost=cost_summary(current), seconds=time.monotonic() - t0)

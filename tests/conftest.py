@@ -17,6 +17,9 @@ from refinery.engine.models import DEFAULT_MODEL
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Ray reads its auth mode once, when first imported (vLLM imports it): the test
+# clusters (tests/eval/test_ray_pool.py) use token auth, as `ray start` does.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 ROOT = Path(__file__).resolve().parent.parent
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"

@@ -47,6 +47,10 @@ class BackendSpec:
     max_concurrency: int = 64  # requests in flight to an upstream
     dtype: str = "auto"
     compile_graph: bool = False  # vLLM's torch.compile mode instead of eager
+    # The CPUs the engine's compute threads bind to ("0,1"; None: all this process
+    # may use): how engines sharing one CPU node split it (refinery.eval.ray_pool).
+    cpu_threads: str | None = None
+    tensor_parallel_size: int = 1  # GPUs one engine spans (vLLM's tensor parallelism)
 
 
 async def make_backend(spec: BackendSpec) -> Backend:
@@ -69,5 +73,8 @@ async def make_backend(spec: BackendSpec) -> Backend:
                              upstream="vllm" if kind is BackendKind.vllm_server else "openai")
     from refinery.engine.backends.vllm import VLLMBackend, VLLMConfig
 
-    config = VLLMConfig(enforce_eager=not spec.compile_graph, dtype=spec.dtype)
+    extra = (("tensor_parallel_size", spec.tensor_parallel_size),) \
+        if spec.tensor_parallel_size > 1 else ()
+    config = VLLMConfig(enforce_eager=not spec.compile_graph, dtype=spec.dtype,
+                        cpu_threads=spec.cpu_threads, extra=extra)
     return await VLLMBackend.create(spec.model, config)

@@ -1,0 +1,36 @@
+"""Ray options without a cluster: CPU shares, the CLI's checks, and no Ray import."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+from refinery.eval.cli import eval_app
+from refinery.eval.ray_pool import Placement, split_cpus
+
+
+def test_engines_on_one_node_split_its_cpus_and_nodes_do_not_share():
+    a, b, c = (Placement("n1", (0, 1, 2, 3), 1), Placement("n1", (0, 1, 2, 3), 2),
+               Placement("n2", (0, 1), 3))
+    assert split_cpus([a, b, c], on_gpu=False) == ["0,1", "2,3", "0,1"]
+    three = [Placement("n", (4, 5), i) for i in range(3)]  # more engines than cores
+    assert split_cpus(three, on_gpu=False) == ["4", "4", "5"]
+    assert split_cpus([a, b], on_gpu=True) == [None, None]
+
+
+def test_replicas_without_ray_is_a_usage_error(tmp_path):
+    res = CliRunner().invoke(eval_app, ["run", "--dataset", "arith", "--strategy", "cot",
+                                        "--out", str(tmp_path / "r"), "--replicas", "2"])
+    assert res.exit_code == 2 and "--replicas need --ray" in res.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_importing_refinery_and_its_commands_does_not_import_ray():
+    code = ("import sys, refinery, refinery.cli, refinery.eval.runner, refinery.distill.loop; "
+            "print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
