@@ -322,7 +322,9 @@ class Context:
 
     def _seeded(self, params: SamplingParams, messages: Sequence[Message], strategy: str,
                 step: str) -> SamplingParams:
-        """``params`` with this call's own seed, when the run has one."""
+        """``params`` with this call's affinity (its task) and own seed (when the run has one)."""
+        if params.affinity is None and self.task is not None:
+            params = params.but(affinity=self.task.id)
         if params.seed is None:
             return params
         place = derive_place(messages, strategy, step)

@@ -43,6 +43,9 @@ class SamplingParams(BaseModel):
     ``Completion.logprob`` and each token's in ``Completion.token_logprobs``,
     with ``top_logprobs`` alternatives per token (OpenAI's shape).
     ``constraint`` makes every sample satisfy a structure (engine/constraints.py).
+    ``affinity`` groups calls that should run on one upstream (a backend with
+    several sends calls with equal keys to the same one, so its prefix cache
+    serves them); the Context sets it to the task's id.
     """
 
     temperature: float = Field(0.7, ge=0.0, le=2.0)
@@ -54,6 +57,7 @@ class SamplingParams(BaseModel):
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0, le=20)
     constraint: Constraint | None = None
+    affinity: str | None = Field(None, exclude=True)  # routing, not sampling: never dumped
 
     @field_validator("stop", mode="before")
     @classmethod

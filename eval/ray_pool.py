@@ -29,6 +29,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -324,11 +325,15 @@ async def iter_ray_run(options: RayOptions, work: Work, tasks: Sequence[Task], *
         EngineStartError: an actor's engine did not start.
     """
     ray = _ray()
+    t0 = time.monotonic()
     started = _connect(ray, options)
     replicas: list[_Replica] = []
     feeders: list[asyncio.Task[None]] = []
     try:
         replicas = await _start_pool(ray, options, work, concurrency)
+        ready = time.monotonic() - t0
+        log.info("%d Ray actors ready in %.1f s", len(replicas), ready,
+                 extra={"ready_seconds": ready})
         board = _Board(deque(tasks), asyncio.Queue(), golds or {}, len(tasks))
         feeders = [asyncio.create_task(_feed(ray, r, board))
                    for r in replicas for _ in range(concurrency)]

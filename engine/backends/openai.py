@@ -1,7 +1,10 @@
 """Backend for any OpenAI-compatible server (vLLM's server, a router, OpenAI).
 
-Several base URLs are used round-robin (a cluster of vLLM servers without a
-router). A semaphore caps requests in flight. Retries (tenacity, exponential
+Several base URLs share the calls (a cluster of vLLM servers without a router):
+calls with the same ``SamplingParams.affinity`` (the Context sets the task's
+id) go to the same upstream, so all calls of one task hit one prefix cache;
+calls without one go round-robin; a retry moves on to the next upstream.
+A semaphore caps requests in flight. Retries (tenacity, exponential
 backoff with jitter) cover 408/409/429/5xx and connection errors; the SDK's
 own retries are turned off so there is one retry policy, not two stacked.
 Cancelling a call closes its HTTP stream, which makes vLLM abort the request.
@@ -45,6 +48,7 @@ import itertools
 import logging
 import math
 import time
+import zlib
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
@@ -383,8 +387,14 @@ class OpenAIBackend:
             wait = max(wait, min(asked, self.max_retry_after))
         return wait
 
-    async def _call(self, fn):
-        """Run ``fn(client)`` under the concurrency cap with the retry policy.
+    def _first_upstream(self, affinity: str | None) -> int:
+        if affinity is None:
+            return next(self._next)
+        return zlib.crc32(affinity.encode()) % len(self.clients)
+
+    async def _call(self, fn, affinity: str | None = None):
+        """Run ``fn(client)`` under the concurrency cap with the retry policy, on the
+        upstream ``affinity`` picks (each retry on the next one).
 
         Raises:
             BackendUnavailableError: the upstream stayed unreachable or overloaded
@@ -396,6 +406,7 @@ class OpenAIBackend:
         guard = self.guard
         deadline = time.monotonic() + self.max_retry_seconds
         why_stopped = "after retries"
+        upstreams = itertools.count(self._first_upstream(affinity))
 
         def retry_ok(exc: BaseException) -> bool:
             nonlocal why_stopped
@@ -432,7 +443,7 @@ class OpenAIBackend:
                             # Another call got Retry-After: everyone holds off.
                             await asyncio.sleep(pause)
                         guard.admit()
-                        result = await fn(self.clients[next(self._next)])
+                        result = await fn(self.clients[next(upstreams) % len(self.clients)])
                         guard.success()
                         return result
         except openai.NotFoundError as exc:
@@ -463,7 +474,7 @@ class OpenAIBackend:
             return list(await asyncio.gather(
                 *(self._one_streamed(messages, params, monitor) for _ in range(n))))
         kw = self._kwargs(messages, params, n)  # an unsupported constraint fails here
-        resp = await self._call(lambda c: c.chat.completions.create(**kw))
+        resp = await self._call(lambda c: c.chat.completions.create(**kw), params.affinity)
         usage = resp.usage
         per_sample = (usage.completion_tokens // max(1, n)) if usage else 0
         out = []
@@ -496,7 +507,7 @@ class OpenAIBackend:
         kw.update(stream=True, stream_options={"include_usage": True})
         # Retries cover opening the stream; a failure mid-stream is raised, since
         # replaying would duplicate text the caller has already seen.
-        stream = await self._call(lambda c: c.chat.completions.create(**kw))
+        stream = await self._call(lambda c: c.chat.completions.create(**kw), params.affinity)
         watch = WatchedSample(rule)
         finish, usage, n_tokens, tokens = None, None, 0, []
         try:
