@@ -55,7 +55,8 @@ def run_cmd(
     verifier: str = typer.Option(None, help="override the dataset's verifier (math, exact...)"),
     seed: int = typer.Option(0, help="arith generator seed"),
     level: list[int] = typer.Option(None, help="arith levels to include (repeatable)"),
-    concurrency: int = typer.Option(64, min=1, help="problems in flight at once"),
+    concurrency: int = typer.Option(64, min=1, help="problems in flight at once (per "
+                                    "engine with --ray)"),
     max_tokens: int = typer.Option(512, min=1, help="max new tokens per generation"),
     temperature: float = typer.Option(0.7, min=0.0, max=2.0),
     top_p: float = typer.Option(1.0, min=0.0, max=1.0),

@@ -79,9 +79,10 @@ class ResponseHead:
     reply: Reply = field(default_factory=Reply)
 
     @classmethod
-    def new(cls, endpoint: Endpoint, model: str, reply: Reply | None = None) -> ResponseHead:
-        return cls(id=new_id(endpoint.id_prefix), created=int(time.time()), model=model,
-                   reply=reply or Reply())
+    def new(cls, endpoint: Endpoint, model: str, reply: Reply | None = None,
+            id: str | None = None) -> ResponseHead:
+        return cls(id=id or new_id(endpoint.id_prefix), created=int(time.time()),
+                   model=model, reply=reply or Reply())
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from refinery.engine.errors import RefineryError
-from refinery.serving.endpoints import Endpoint, ResponseHead, refinery_info
+from refinery.serving.endpoints import Endpoint, ResponseHead, new_id, refinery_info
 from refinery.serving.protocol import ChatCompletionRequest, CompletionRequest
 from refinery.serving.service import Outcome, Prepared
 from refinery.serving.state import ServerState
@@ -50,8 +50,11 @@ class Call:
 async def serve(request: Request, req: OpenAIRequest, endpoint: Endpoint,
                 state: ServerState) -> Response:
     """Answer ``req`` on ``endpoint``, whole or streamed as the request asks."""
-    prep = state.service.prepare(req)
-    call = Call(endpoint, prep, ResponseHead.new(endpoint, req.model, prep.reply), state)
+    # The response id names the task too: its trace, and the upstream its calls go to
+    # (their affinity), so different requests spread over an upstream pool.
+    rid = new_id(endpoint.id_prefix)
+    prep = state.service.prepare(req, task_id=rid)
+    call = Call(endpoint, prep, ResponseHead.new(endpoint, req.model, prep.reply, rid), state)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return StreamingResponse(stream(call, include_usage), media_type="text/event-stream",

@@ -183,8 +183,10 @@ class Service:
             f"{', '.join(a for a in optillm.APPROACHES if a != 'none')}",
             param="model", code="model_not_found")
 
-    def prepare(self, req: ChatCompletionRequest | CompletionRequest) -> Prepared:
-        """Validate a request against the served model and the limits; build its run."""
+    def prepare(self, req: ChatCompletionRequest | CompletionRequest,
+                task_id: str = "task") -> Prepared:
+        """Validate a request against the served model and the limits; build its run
+        (``task_id``: the request's id, which its trace and calls carry)."""
         backend = self.require_backend()
         opts = req.refinery or RefineryOptions()
         spec = self.resolve_spec(req.model, opts.strategy, req.optillm_approach)
@@ -202,7 +204,7 @@ class Service:
                 code="context_length_exceeded")
         policy = opts.loop_policy or ("off" if spec is None else self.config.loop_policy)
         params = self.sampling(req, max_tokens, out, passthrough=spec is None)
-        return Prepared(strategy=strategy, spec=canonical, task=Task(messages=messages),
+        return Prepared(strategy=strategy, spec=canonical, task=Task(id=task_id, messages=messages),
                         params=params, budget=self.budget(opts.budget), n=req.n,
                         loop_policy=policy, trace_mode=opts.trace, reply=out.reply,
                         final_constraint=None if spec is None else out.constraint)

@@ -314,3 +314,36 @@ async def test_upstream_dying_mid_stream_is_a_clear_error():
         await be.aclose()
     assert got == ["par"]  # what arrived is kept; the break is not papered over
     assert be.guard.consecutive_failures == 1
+
+
+async def test_calls_of_one_task_go_to_one_upstream_and_tasks_spread():
+    from refinery.engine.run import solve_one
+    from refinery.engine.types import Task
+    from refinery.strategies import build
+
+    a, b = FaultServer(failures=0), FaultServer(failures=0)
+    with a as url_a, b as url_b:
+        be = OpenAIBackend("m", [url_a, url_b])
+        # critique_refine: a draft, a critique and a refinement per task, three calls
+        strategy = build("critique_refine(cot, rounds=1)")
+        hits: dict[str, tuple[int, int]] = {}
+        for i in range(12):
+            before = (len(a.hits), len(b.hits))
+            await solve_one(strategy, Task.from_prompt(f"What is {i}+2?", id=f"t{i}"), be)
+            hits[f"t{i}"] = (len(a.hits) - before[0], len(b.hits) - before[1])
+        await be.aclose()
+    assert all(min(h) == 0 and max(h) >= 2 for h in hits.values()), hits  # never split
+    assert {h.index(max(h)) for h in hits.values()} == {0, 1}, hits  # both upstreams used
+    # the same key always picks the same upstream; no key goes round-robin
+    assert be._first_upstream("t3") == be._first_upstream("t3")
+
+
+async def test_a_task_whose_upstream_is_down_moves_to_the_next():
+    up = FaultServer(failures=0)
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    with up as url:
+        be = OpenAIBackend("m", [dead, url], backoff_initial=0.01, backoff_max=0.02)
+        key = next(k for k in (f"k{i}" for i in range(100)) if be._first_upstream(k) == 0)
+        [c] = await be.generate(Q, SamplingParams(max_tokens=4).but(affinity=key))
+        await be.aclose()
+    assert c.text == "4" and len(up.hits) == 1
