@@ -4,6 +4,7 @@ start on 2 CPU cores), started lazily by the first test that needs it."""
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -18,8 +19,10 @@ from refinery.engine.models import DEFAULT_MODEL
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Ray reads its auth mode once, when first imported (vLLM imports it): the test
-# clusters (tests/eval/test_ray_pool.py) use token auth, as `ray start` does.
+# clusters (tests/eval/test_ray_pool.py) use token auth, as `ray start` does, with a
+# token of this session's (a fresh machine has no ~/.ray/auth_token).
 os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 
 ROOT = Path(__file__).resolve().parent.parent
 GSM8K = ROOT.parent / "shared" / "data" / "gsm8k"
