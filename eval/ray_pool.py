@@ -43,7 +43,6 @@ from refinery.engine.errors import (
     BackendUnavailableError,
     EngineStartError,
     InvalidRequestError,
-    RefineryError,
 )
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.run import solve_recorded
@@ -73,6 +72,10 @@ class RayOptions(BaseModel):
     tensor_parallel_size: int = Field(1, ge=1)
     env: dict[str, str] = Field(default_factory=dict)
     start_timeout: float = Field(900.0, gt=0, description="seconds for every engine to start")
+
+    def recorded(self) -> dict[str, Any]:
+        """What a run's config.json keeps: the names of ``env``, never its values (tokens)."""
+        return {**self.model_dump(exclude={"env"}), "env": sorted(self.env)}
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,7 @@ class TaskActor:
             strategy, _ = build_strategy(self.work.strategy)
             self.backend = await make_backend(
                 dataclasses.replace(self.work.backend, cpu_threads=cpu_threads))
-        except RefineryError as exc:
+        except Exception as exc:  # reported by the driver as one EngineStartError line
             return f"{type(exc).__name__}: {exc}"
         self.strategy = Guarded(strategy)
         return None

@@ -34,3 +34,12 @@ def test_importing_refinery_and_its_commands_does_not_import_ray():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_a_run_records_the_names_of_the_actors_env_never_the_values():
+    from refinery.eval.ray_pool import RayOptions
+
+    opts = RayOptions(replicas=3, env={"HF_TOKEN": "hf_secret", "VLLM_CPU_KVCACHE_SPACE": "1"})
+    rec = opts.recorded()
+    assert rec["env"] == ["HF_TOKEN", "VLLM_CPU_KVCACHE_SPACE"] and rec["replicas"] == 3
+    assert "hf_secret" not in str(rec)
