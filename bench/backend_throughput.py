@@ -98,4 +98,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from refinery.engine.console import interrupt_on_sigterm
+
+    interrupt_on_sigterm()  # killed, it still stops its engine and servers
     main()

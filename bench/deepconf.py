@@ -374,6 +374,9 @@ async def run_all(a: argparse.Namespace, backend, p: DeepConf.Params) -> dict[st
 
 
 if __name__ == "__main__":
+    from refinery.engine.console import interrupt_on_sigterm
+
+    interrupt_on_sigterm()  # killed, it still stops its engine and servers
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--limit", type=int, default=200, help="problems per dataset")

@@ -63,6 +63,9 @@ async def main(a: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    from refinery.engine.console import interrupt_on_sigterm
+
+    interrupt_on_sigterm()  # killed, it still stops its engine and servers
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--max-tokens", type=int, default=256)

@@ -120,4 +120,7 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    from refinery.engine.console import interrupt_on_sigterm
+
+    interrupt_on_sigterm()  # killed, it still stops its engine and servers
     asyncio.run(main())

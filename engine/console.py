@@ -3,7 +3,7 @@
 Status 2 when the caller asked for something wrong (an ``InvalidRequestError``,
 an unknown model: what the server answers with a 4xx), 1 when the work itself
 failed (an engine that would not start, a backend error, no answer). Ctrl-C
-exits 130.
+exits 130, and so does SIGTERM once :func:`interrupt_on_sigterm` is installed.
 
 Example:
     >>> try:
@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import signal
 from typing import NoReturn
 
 import typer
@@ -36,3 +37,21 @@ def fail(error: BaseException | str, status: int | None = None) -> NoReturn:
     if status is None:
         status = exit_status(error) if isinstance(error, BaseException) else FAILURE
     raise typer.Exit(status)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM unwind like Ctrl-C, so ``finally`` blocks close the engine.
+
+    SIGTERM's default kills Python without running ``finally``; vLLM's engine core
+    runs in a child process that does not watch its parent, so it would be left
+    running with its GBs of memory and its cores busy. As a ``KeyboardInterrupt``,
+    ``asyncio.run`` cancels the tasks and ``await backend.aclose()`` stops the
+    engine. Call it once, from the main thread of a program that owns an engine
+    (every ``refinery`` command but ``serve``, which drains on SIGTERM itself;
+    the benches).
+    """
+    signal.signal(signal.SIGTERM, _raise_interrupt)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import sys
 from enum import Enum
 
 import typer
 
 from refinery.engine.backends.factory import BackendKind, BackendSpec, make_backend
-from refinery.engine.console import fail
+from refinery.engine.console import fail, interrupt_on_sigterm
 from refinery.engine.errors import RefineryError
 from refinery.engine.models import DEFAULT_MODEL
 
@@ -310,15 +309,8 @@ def _mount_subcommands() -> None:
 _mount_subcommands()
 
 
-def _terminate_like_interrupt(signum: int, frame: object) -> None:
-    # SIGTERM's default kills Python without running `finally`: the engine core
-    # vLLM runs in a child would be orphaned with its GBs of memory. As an
-    # interrupt, asyncio.run cancels the tasks and the backend closes its engine.
-    raise KeyboardInterrupt
-
-
 def main() -> None:  # pragma: no cover - console entry point
-    signal.signal(signal.SIGTERM, _terminate_like_interrupt)  # `serve` sets its own
+    interrupt_on_sigterm()  # `serve` sets its own
     # refinery's own INFO lines (which dtype the engine runs, and why) on stderr;
     # libraries stay at WARNING.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
