@@ -38,6 +38,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +222,141 @@ def _prepare(config: LoopConfig) -> tuple[Path, list[Example], list[Example]]:
     return out, train_ex, test_ex
 
 
+class _Engine:
+    """The engine of the weights in use: the caller's (never closed here) or our own.
+
+    An own engine is closed before training (its memory and cores go to the
+    trainer) and before sampling on Ray (the actors start their own).
+    """
+
+    def __init__(self, backend: Backend | None, model: str) -> None:
+        self.backend, self.model, self.owned = backend, model, False
+
+    async def open(self, model: str) -> Backend:
+        """An engine serving ``model``: the one open if it does, else a new one."""
+        if self.backend is None or self.model != model:
+            await self.close()
+            self.backend, self.model, self.owned = await _start(model), model, True
+        return self.backend
+
+    async def close(self) -> None:
+        if self.owned and self.backend is not None:
+            closing, self.backend, self.owned = self.backend, None, False
+            await closing.aclose()
+            # vLLM's AsyncLLM.__del__ shuts down again; run at interpreter exit it raises
+            # "'NoneType' object is not callable". Collect the engine now instead.
+            del closing
+            gc.collect()
+
+
+@dataclass
+class _Round:
+    """What one round's steps share: its number, directory and starting weights."""
+
+    config: LoopConfig
+    number: int
+    dir: Path
+    model: str
+    progress: bool
+    log: Callable[[str], None]
+
+    def eval_config(self, split: str, out: Path, model: str | None = None) -> EvalConfig:
+        """Sampling on the train split, or the held-out evaluation of ``model``."""
+        c, train = self.config, split == "train"
+        return EvalConfig(
+            dataset=c.dataset, strategy=c.strategy if train else c.eval_strategy, out=str(out),
+            model=model or self.model, split=split,
+            limit=c.train_size if train else c.eval_size, seed=c.seed, levels=c.levels,
+            temperature=c.sample_temperature if train else c.eval_temperature,
+            max_tokens=c.max_tokens, concurrency=c.concurrency, ray=c.ray if train else None)
+
+
+async def _sample(rnd: _Round, engine: _Engine, train_ex: list[Example]) -> RunSummary:
+    """Step 1: the sampling strategy on the train problems, then the engine is closed."""
+    if rnd.config.ray is not None:
+        await engine.close()
+    be = None if rnd.config.ray else await engine.open(rnd.model)
+    sample = await run_eval(rnd.eval_config("train", rnd.dir / "sample"), backend=be,
+                            examples=train_ex, progress=rnd.progress)
+    await engine.close()  # free the engine's memory and cores for training
+    return sample
+
+
+def _build_data(rnd: _Round, train_ex: list[Example],
+                instruction: str | None) -> tuple[BuildStats, int]:
+    """Step 2: verified rows (topped up with gold solutions if asked); the gold count."""
+    c, rd = rnd.config, rnd.dir
+    sft_p, pairs_p = rd / "sft.jsonl", rd / "pairs.jsonl"
+    stats = build([rd / "sample"], sft_p, pairs_p, instruction=instruction)
+    gold_rows = 0
+    if stats.sft_rows < c.gold_fallback_rows:
+        covered = ({r.metadata.problem_id for r in read_rows(sft_p, "sft")}
+                   if stats.sft_rows else set())
+        extra = gold_sft_rows([e for e in train_ex if e.id not in covered],
+                              instruction=instruction)[:c.gold_fallback_rows - stats.sft_rows]
+        gold_rows = len(extra)
+        stats = build([rd / "sample"], sft_p, pairs_p, instruction=instruction, extra_sft=extra)
+        rnd.log(f"round {rnd.number}: only {stats.sft_rows - gold_rows} verified rows; added "
+                f"{gold_rows} gold-solution rows (gold_fallback_rows={c.gold_fallback_rows})")
+    (rd / "build_stats.json").write_text(stats.model_dump_json(indent=2) + "\n")
+    rnd.log(f"round {rnd.number}: {stats.sft_rows} SFT rows (weighted "
+            f"{stats.weighted_sft_rows:g}) from {stats.problems_with_sft}/{stats.problems} "
+            f"problems, {stats.pairs} pairs; rescued {stats.rescued}, easy {stats.easy}; "
+            f"dropped {stats.dropped}")
+    if stats.sft_rows == 0:
+        raise DistillError(
+            f"round {rnd.number}: no verified SFT rows (the sampler solved nothing usable); "
+            "try more samples (e.g. sc(cot, n=8)), more train problems, or gold_fallback_rows")
+    return stats, gold_rows
+
+
+async def _train_round(rnd: _Round, stats: BuildStats) -> TrainResult:
+    """Step 3: LoRA from the round's weights, merged into ``round-R/model``."""
+    c, rd = rnd.config, rnd.dir
+    pairs_p = rd / "pairs.jsonl"
+    tcfg = TrainConfig.model_validate({
+        "batch_size": 8, "max_length": 512, **c.train,
+        "sft_path": str(rd / "sft.jsonl"), "out": str(rd / "model"), "base": rnd.model,
+        "pairs_path": str(pairs_p) if c.pairs and stats.pairs else None,
+        "progress": rnd.progress})
+    return await _train(tcfg, rd, c.isolate_training)
+
+
+async def _run_round(rnd: _Round, engine: _Engine, train_ex: list[Example],
+                     test_ex: list[Example], before: Accuracy) -> RoundReport:
+    """Sample, build, train, evaluate: one round, timed step by step."""
+    c, secs = rnd.config, {}
+    instruction = COT_INSTRUCTION if c.match_eval_prompt and c.eval_strategy == "cot" else None
+    t = time.monotonic()
+    sample = await _sample(rnd, engine, train_ex)
+    secs["sample"] = time.monotonic() - t
+    rnd.log(f"round {rnd.number}: {c.strategy} on {sample.total} train problems: "
+            f"accuracy {sample.accuracy} [{secs['sample']:.0f}s]")
+    t = time.monotonic()
+    stats, gold_rows = _build_data(rnd, train_ex, instruction)
+    secs["build"] = time.monotonic() - t
+    t = time.monotonic()
+    result = await _train_round(rnd, stats)
+    secs["train"] = time.monotonic() - t
+    rnd.log(f"round {rnd.number}: trained {result.sft.steps} steps on "
+            f"{result.sft.expanded_rows} rows: loss {result.eval_loss_before} -> "
+            f"{result.eval_loss_after} [{secs['train']:.0f}s]")
+    new_model = str((rnd.dir / "model").resolve())
+    t = time.monotonic()
+    be = await engine.open(new_model)
+    after = (await run_eval(rnd.eval_config("test", rnd.dir / "eval", new_model), backend=be,
+                            examples=test_ex, progress=rnd.progress)).accuracy
+    secs["eval"] = time.monotonic() - t
+    return RoundReport(
+        round=rnd.number, model_in=rnd.model, model_out=new_model,
+        train_problems=len(train_ex), sample_accuracy=sample.accuracy,
+        sample_tokens_per_problem=sample.cost.tokens, build=stats, gold_rows=gold_rows,
+        train_steps=result.sft.steps, loss_before=result.eval_loss_before,
+        loss_after=result.eval_loss_after, dpo_steps=result.dpo.steps if result.dpo else 0,
+        accuracy_before=before, accuracy_after=after,
+        seconds={k: round(v, 1) for k, v in secs.items()})
+
+
 async def run_loop(config: LoopConfig, *, backend: Backend | None = None,
                    progress: bool = True,
                    log: Callable[[str], None] = print) -> LoopReport:
@@ -234,118 +370,25 @@ async def run_loop(config: LoopConfig, *, backend: Backend | None = None,
         DistillError: overlapping splits, no training data, failed training.
     """
     out, train_ex, test_ex = _prepare(config)
-    # Training prompts carry the instruction plain cot will send at evaluation time.
-    instruction = (COT_INSTRUCTION if config.match_eval_prompt and config.eval_strategy == "cot"
-                   else None)
     report = LoopReport(config=config, eval_problems=len(test_ex))
-
-    def eval_config(model: str, run: Path) -> EvalConfig:
-        return EvalConfig(dataset=config.dataset, strategy=config.eval_strategy, out=str(run),
-                          model=model, split="test", limit=config.eval_size, seed=config.seed,
-                          levels=config.levels, temperature=config.eval_temperature,
-                          max_tokens=config.max_tokens, concurrency=config.concurrency)
-
-    async def evaluate(model: str, be: Backend, run: Path) -> RunSummary:
-        return await run_eval(eval_config(model, run), backend=be, examples=test_ex,
-                              progress=progress)
-
-    model = config.base
-    be, owned = backend, False
+    model, engine = config.base, _Engine(backend, config.base)
     try:
-        if be is None:
-            be, owned = await _start(model), True
         t = time.monotonic()
-        before = (await evaluate(model, be, out / "round-0-eval")).accuracy
+        base = _Round(config, 0, out / "round-0", model, progress, log)
+        before = (await run_eval(base.eval_config("test", out / "round-0-eval"),
+                                 backend=await engine.open(model), examples=test_ex,
+                                 progress=progress)).accuracy
         log(f"round 0 ({model}): held-out {config.eval_strategy} accuracy {before} "
             f"[{time.monotonic() - t:.0f}s]")
-        for rnd in range(1, config.rounds + 1):
-            rd = out / f"round-{rnd}"
-            rd.mkdir(exist_ok=True)
-            secs: dict[str, float] = {}
-            t = time.monotonic()
-            if config.ray is not None and owned and be is not None:
-                # the actors start their own engines: this one would only hold memory
-                closing, be, owned = be, None, False
-                await closing.aclose()
-                del closing
-            sample = await run_eval(EvalConfig(
-                dataset=config.dataset, strategy=config.strategy, out=str(rd / "sample"),
-                model=model, split="train", limit=config.train_size, seed=config.seed,
-                levels=config.levels, temperature=config.sample_temperature,
-                max_tokens=config.max_tokens, concurrency=config.concurrency, ray=config.ray),
-                backend=None if config.ray else be, examples=train_ex, progress=progress)
-            secs["sample"] = time.monotonic() - t
-            log(f"round {rnd}: {config.strategy} on {sample.total} train problems: "
-                f"accuracy {sample.accuracy} [{secs['sample']:.0f}s]")
-            if owned and be is not None:  # free the engine's memory and cores for training
-                closing, be, owned = be, None, False
-                await closing.aclose()
-                del closing
-                gc.collect()  # see the finally block
-
-            t = time.monotonic()
-            sft_p, pairs_p = rd / "sft.jsonl", rd / "pairs.jsonl"
-            stats = build([rd / "sample"], sft_p, pairs_p, instruction=instruction)
-            gold_rows = 0
-            if stats.sft_rows < config.gold_fallback_rows:
-                covered = ({r.metadata.problem_id for r in read_rows(sft_p, "sft")}
-                           if stats.sft_rows else set())
-                need = config.gold_fallback_rows - stats.sft_rows
-                extra = gold_sft_rows([e for e in train_ex if e.id not in covered],
-                                      instruction=instruction)[:need]
-                gold_rows = len(extra)
-                stats = build([rd / "sample"], sft_p, pairs_p, instruction=instruction,
-                              extra_sft=extra)
-                log(f"round {rnd}: only {stats.sft_rows - gold_rows} verified rows; added "
-                    f"{gold_rows} gold-solution rows (gold_fallback_rows="
-                    f"{config.gold_fallback_rows})")
-            secs["build"] = time.monotonic() - t
-            (rd / "build_stats.json").write_text(stats.model_dump_json(indent=2) + "\n")
-            log(f"round {rnd}: {stats.sft_rows} SFT rows (weighted {stats.weighted_sft_rows:g}) "
-                f"from {stats.problems_with_sft}/{stats.problems} problems, {stats.pairs} "
-                f"pairs; rescued {stats.rescued}, easy {stats.easy}; dropped {stats.dropped}")
-            if stats.sft_rows == 0:
-                raise DistillError(
-                    f"round {rnd}: no verified SFT rows (the sampler solved nothing usable); "
-                    "try more samples (e.g. sc(cot, n=8)), more train problems, or "
-                    "gold_fallback_rows")
-
-            t = time.monotonic()
-            tcfg = TrainConfig.model_validate({
-                "batch_size": 8, "max_length": 512, **config.train,
-                "sft_path": str(sft_p), "out": str(rd / "model"), "base": model,
-                "pairs_path": str(pairs_p) if config.pairs and stats.pairs else None,
-                "progress": progress})
-            result = await _train(tcfg, rd, config.isolate_training)
-            secs["train"] = time.monotonic() - t
-            log(f"round {rnd}: trained {result.sft.steps} steps on {result.sft.expanded_rows} "
-                f"rows: loss {result.eval_loss_before} -> {result.eval_loss_after} "
-                f"[{secs['train']:.0f}s]")
-
-            new_model = str((rd / "model").resolve())
-            t = time.monotonic()
-            be, owned = await _start(new_model), True
-            after = (await evaluate(new_model, be, rd / "eval")).accuracy
-            secs["eval"] = time.monotonic() - t
-            report.rounds.append(RoundReport(
-                round=rnd, model_in=model, model_out=new_model, train_problems=len(train_ex),
-                sample_accuracy=sample.accuracy, sample_tokens_per_problem=sample.cost.tokens,
-                build=stats, gold_rows=gold_rows, train_steps=result.sft.steps,
-                loss_before=result.eval_loss_before, loss_after=result.eval_loss_after,
-                dpo_steps=result.dpo.steps if result.dpo else 0,
-                accuracy_before=before, accuracy_after=after,
-                seconds={k: round(v, 1) for k, v in secs.items()}))
+        for number in range(1, config.rounds + 1):
+            rnd = _Round(config, number, out / f"round-{number}", model, progress, log)
+            rnd.dir.mkdir(exist_ok=True)
+            report.rounds.append(await _run_round(rnd, engine, train_ex, test_ex, before))
             _write_report(report, out)
             log(report.markdown())
-            model, before = new_model, after
+            model, before = report.rounds[-1].model_out, report.rounds[-1].accuracy_after
     finally:
-        if owned and be is not None:
-            closing, be = be, None
-            await closing.aclose()
-            # vLLM's AsyncLLM.__del__ shuts down again; run at interpreter exit it raises
-            # "'NoneType' object is not callable". Collect the engine now instead.
-            del closing
-            gc.collect()
+        await engine.close()
     return report
 
 

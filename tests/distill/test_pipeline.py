@@ -172,3 +172,48 @@ async def test_loop_gold_fallback_fills_rows_when_the_model_fails(tmp_path, monk
     assert r.gold_rows == 6 and r.build.sft_rows == 6
     rows = read_rows(tmp_path / "b" / "round-1" / "sft.jsonl", "sft")
     assert {x.metadata.verifier for x in rows} == {"gold"}
+
+
+async def test_loop_uses_the_callers_engine_for_the_base_and_leaves_it_open(
+        tmp_path, fake_engine_and_trainer) -> None:
+    started, _ = fake_engine_and_trainer
+    given = sc_model(2)
+    report = await loop("arith", "sc(cot, n=4)", rounds=1, train_size=N, eval_size=N,
+                        out=str(tmp_path / "loop"), backend=given, progress=False,
+                        log=lambda s: None)
+    [r1] = report.rounds
+    # The base model's baseline and sampling ran on the caller's engine; only the
+    # trained weights got an engine of their own, and the caller's stays open.
+    assert started == [r1.model_out]
+    assert len(given.calls) > 0 and not given.closed
+    assert r1.accuracy_before.n == N and r1.sample_accuracy.n == N
+
+
+async def test_loop_on_ray_closes_its_engine_before_sampling(tmp_path, monkeypatch,
+                                                             fake_engine_and_trainer) -> None:
+    from refinery.eval.ray_pool import RayOptions
+
+    engines: list[ScriptedBackend] = []
+
+    async def start(model: str):
+        engines.append(sc_model(2))
+        return engines[-1]
+
+    seen: list[tuple[bool, bool, bool]] = []  # (on ray, backend given, every engine closed)
+
+    async def fake_run_eval(config: EvalConfig, *, backend, examples, progress):
+        seen.append((config.ray is not None, backend is not None,
+                     all(e.closed for e in engines)))
+        if config.ray is not None:  # stands in for the actors: a backend of their own
+            config, backend = config.model_copy(update={"ray": None}), sc_model(2)
+        return await run_eval(config, backend=backend, examples=examples, progress=progress)
+
+    monkeypatch.setattr(loop_mod, "_start", start)
+    monkeypatch.setattr(loop_mod, "run_eval", fake_run_eval)
+    await loop("arith", "sc(cot, n=4)", rounds=1, train_size=N, eval_size=N,
+               out=str(tmp_path / "loop"), progress=False, log=lambda s: None,
+               ray=RayOptions(replicas=2))
+    # Baseline on the base engine; sampling on "Ray" with that engine closed and none
+    # passed; the trained weights' evaluation on a new engine, closed at the end.
+    assert seen == [(False, True, False), (True, False, True), (False, True, False)]
+    assert len(engines) == 2 and all(e.closed for e in engines)
