@@ -435,17 +435,40 @@ async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
     t0 = time.monotonic()
     strategy, graph = build_strategy(config.strategy)
     canonical = to_spec(graph)
-    if examples is None:
-        examples = load_dataset(config.dataset, split=config.split, limit=config.limit,
-                                data_path=config.data_path, fields=config.fields or None,
-                                verifier=config.verifier, seed=config.seed,
-                                levels=config.levels)
-    examples = list(examples)
+    examples = _examples(config, examples)
+    out = Path(config.out)
+    _prepare_dir(out, _record(config, canonical, graph, examples), force)
+    current = _finished(out, examples, retry_errors)
+    done = {r["id"] for r in current}
+    todo = [e for e in examples if e.id not in done]
+    if todo:
+        run = _Session(config, canonical, examples, current, progress, on_result)
+        async with _traces(config, strategy, canonical, todo, backend,
+                           TraceWriter(out / TRACES)) as stream:
+            await run.consume(stream, out / RESULTS)
+    return RunSummary(out=str(out), total=len(examples), done=len(current),
+                      ran=len(current) - len(done), skipped=len(done),
+                      accuracy=accuracy(r["passed"] for r in current),
+                      cost=cost_summary(current), seconds=time.monotonic() - t0)
+
+
+def _examples(config: EvalConfig, given: Sequence[Example] | None) -> list[Example]:
+    """The run's problems (``given``, or the configured dataset), ids checked unique."""
+    examples = list(given) if given is not None else load_dataset(
+        config.dataset, split=config.split, limit=config.limit, data_path=config.data_path,
+        fields=config.fields or None, verifier=config.verifier, seed=config.seed,
+        levels=config.levels)
     ids = [e.id for e in examples]
     if len(set(ids)) != len(ids):
         raise InvalidRequestError("the dataset has duplicate problem ids")
+    return examples
+
+
+def _record(config: EvalConfig, canonical: str, graph: nx.DiGraph,
+            examples: list[Example]) -> dict[str, Any]:
+    """``config.json``: the identity a resume must match, and the rest for the record."""
     fingerprint = dataset_fingerprint(examples)
-    record = {
+    return {
         "format": FORMAT,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "identity": config.identity(canonical, fingerprint, len(examples)),
@@ -465,57 +488,66 @@ async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
         "concurrency": config.concurrency,
         "code": code_version(),
     }
-    out = Path(config.out)
-    _prepare_dir(out, record, force)
 
-    results_path, traces_path = out / RESULTS, out / TRACES
+
+def _finished(out: Path, examples: list[Example], retry_errors: bool) -> list[dict[str, Any]]:
+    """The rows already in ``out``: the first per problem of this run (a torn last line
+    repaired; with ``retry_errors`` the failed ones dropped), traces compacted to them."""
+    results_path = out / RESULTS
     rows = read_results(results_path, repair=True)
-    by_id = {e.id: e for e in examples}
     if retry_errors and any(r.get("error") for r in rows):
         rows = [r for r in rows if not r.get("error")]
         _rewrite(results_path, [(json.dumps(r, ensure_ascii=False) + "\n").encode()
                                 for r in rows])
-    done = {r["id"] for r in rows if r.get("id") in by_id}
-    _compact_traces(traces_path, done)
-    todo = [e for e in examples if e.id not in done]
-    index = {e.id: i for i, e in enumerate(examples)}
-
+    ids = {e.id for e in examples}
     current, seen = [], set()
     for r in rows:  # first line per problem (there is one, unless edited by hand)
-        if r.get("id") in by_id and r["id"] not in seen:
+        if r.get("id") in ids and r["id"] not in seen:
             seen.add(r["id"])
             current.append(r)
-    ran = 0
-    if todo:
-        scorer = Scorer()
-        session, session_start = uuid.uuid4().hex[:12], time.time()
-        writer = TraceWriter(traces_path)
-        correct = sum(1 for r in current if r.get("passed"))
-        prog = _progress(progress, len(examples), len(done))
-        async with _traces(config, strategy, canonical, todo, backend, writer) as stream:
-            with prog:
-                bar = prog.add_task(config.strategy, total=len(examples), completed=len(done))
-                async for trace in stream:
-                    if isinstance(trace.exception, _INFRA_ERRORS):
-                        raise RunAborted(f"the backend could not serve problem "
-                                         f"{trace.task_id}: {trace.error}. Finished "
-                                         "problems are saved; rerun the same command to "
-                                         "resume.")
-                    ex = by_id[trace.task_id]
-                    att = trace.attempt
-                    score = await scorer.score(ex, att.text if att else "",
-                                               att.answer if att else None)
-                    row = _result_row(ex, index[ex.id], trace, score, spec=canonical,
-                                      model=config.model, session=session,
-                                      session_start=session_start)
-                    await asyncio.to_thread(append_line, results_path, row)
-                    current.append(row)
-                    ran += 1
-                    correct += bool(row["passed"])
-                    if on_result is not None:
-                        on_result(row)
-                    prog.update(bar, advance=1, description=(
-                        f"{config.strategy}  acc {100 * correct / len(current):.1f}%"))
-    return RunSummary(out=str(out), total=len(examples), done=len(current), ran=ran,
-                      skipped=len(done), accuracy=accuracy(r["passed"] for r in current),
-                      cost=cost_summary(current), seconds=time.monotonic() - t0)
+    _compact_traces(out / TRACES, seen)
+    return current
+
+
+class _Session:
+    """One sitting of a run: scores each trace as it arrives and appends its row.
+
+    ``current`` (the rows so far) grows in place, so the caller's summary sees
+    every row written before an abort.
+    """
+
+    def __init__(self, config: EvalConfig, canonical: str, examples: list[Example],
+                 current: list[dict[str, Any]], progress: bool,
+                 on_result: Callable[[dict[str, Any]], None] | None) -> None:
+        self.config, self.canonical, self.current = config, canonical, current
+        self.by_id = {e.id: e for e in examples}
+        self.index = {e.id: i for i, e in enumerate(examples)}
+        self.progress, self.on_result = progress, on_result
+        self.session, self.start = uuid.uuid4().hex[:12], time.time()
+
+    async def consume(self, stream: AsyncIterator[Trace], results_path: Path) -> None:
+        scorer, total = Scorer(), len(self.by_id)
+        correct = sum(1 for r in self.current if r.get("passed"))
+        prog = _progress(self.progress, total, len(self.current))
+        with prog:
+            bar = prog.add_task(self.config.strategy, total=total, completed=len(self.current))
+            async for trace in stream:
+                if isinstance(trace.exception, _INFRA_ERRORS):
+                    raise RunAborted(f"the backend could not serve problem {trace.task_id}: "
+                                     f"{trace.error}. Finished problems are saved; rerun "
+                                     "the same command to resume.")
+                row = await self._row(scorer, trace)
+                await asyncio.to_thread(append_line, results_path, row)
+                self.current.append(row)
+                correct += bool(row["passed"])
+                if self.on_result is not None:
+                    self.on_result(row)
+                prog.update(bar, advance=1, description=(
+                    f"{self.config.strategy}  acc {100 * correct / len(self.current):.1f}%"))
+
+    async def _row(self, scorer: Scorer, trace: Trace) -> dict[str, Any]:
+        ex, att = self.by_id[trace.task_id], trace.attempt
+        score = await scorer.score(ex, att.text if att else "", att.answer if att else None)
+        return _result_row(ex, self.index[ex.id], trace, score, spec=self.canonical,
+                           model=self.config.model, session=self.session,
+                           session_start=self.start)
