@@ -68,6 +68,7 @@ from refinery.engine.errors import (
     BackendUnavailableError,
     InvalidRequestError,
     PromptTooLongError,
+    RefineryError,
     UnknownModelError,
 )
 from refinery.engine.stops import (
@@ -239,6 +240,49 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+class _RetryDecision:
+    """Whether one call retries after ``exc``; ``why_stopped`` says why it did not."""
+
+    def __init__(self, guard: UpstreamGuard, deadline: float, max_retry_after: float) -> None:
+        self.guard, self.deadline, self.max_retry_after = guard, deadline, max_retry_after
+        self.why_stopped = "after retries"
+
+    def __call__(self, exc: BaseException) -> bool:
+        if not _retryable(exc):
+            return False
+        self.guard.failure(exc)
+        asked = retry_after_seconds(exc) or 0.0
+        if min(asked, self.max_retry_after) > self.deadline - time.monotonic():
+            self.why_stopped = f"and asked to retry after {asked:.0f}s, past the retry deadline"
+            return False
+        if self.guard.is_open:
+            self.why_stopped = "and the circuit breaker opened"
+            return False
+        if not self.guard.may_retry():
+            self.why_stopped = "with the shared retry budget spent (not retried)"
+            return False
+        return True
+
+
+def _upstream_error(exc: openai.APIConnectionError | openai.APIStatusError, model: str,
+                    why_stopped: str) -> RefineryError:
+    """The refinery error for an upstream failure that the retries did not fix."""
+    if isinstance(exc, openai.APIConnectionError):
+        return BackendUnavailableError(f"upstream unreachable {why_stopped}: {exc}")
+    if isinstance(exc, openai.NotFoundError):
+        return UnknownModelError(f"upstream does not serve {model!r}: {exc.message}",
+                                 param="model")
+    if isinstance(exc, openai.BadRequestError):
+        msg = exc.message or str(exc)
+        # OpenAI sends the code; vLLM's server only says it in the message.
+        if exc.code == "context_length_exceeded" or (
+                "context" in msg.lower() and "length" in msg.lower()):
+            return PromptTooLongError(msg, param="messages", code="context_length_exceeded")
+        return InvalidRequestError(msg)
+    cls = BackendUnavailableError if exc.status_code in RETRY_STATUS else BackendError
+    return cls(f"upstream answered {exc.status_code} {why_stopped}: {exc.message}")
+
+
 class OpenAIBackend:
     """Backend over the ``openai`` SDK. ``served_model`` is the upstream model id."""
 
@@ -405,30 +449,12 @@ class OpenAIBackend:
         """
         guard = self.guard
         deadline = time.monotonic() + self.max_retry_seconds
-        why_stopped = "after retries"
+        retry = _RetryDecision(guard, deadline, self.max_retry_after)
         upstreams = itertools.count(self._first_upstream(affinity))
-
-        def retry_ok(exc: BaseException) -> bool:
-            nonlocal why_stopped
-            if not _retryable(exc):
-                return False
-            guard.failure(exc)
-            asked = retry_after_seconds(exc) or 0.0
-            if min(asked, self.max_retry_after) > deadline - time.monotonic():
-                why_stopped = f"and asked to retry after {asked:.0f}s, past the retry deadline"
-                return False
-            if guard.is_open:
-                why_stopped = "and the circuit breaker opened"
-                return False
-            if not guard.may_retry():
-                why_stopped = "with the shared retry budget spent (not retried)"
-                return False
-            return True
-
         try:
             async with self._sem:
                 async for attempt in AsyncRetrying(
-                        retry=retry_if_exception(retry_ok),
+                        retry=retry_if_exception(retry),
                         stop=(stop_after_attempt(self.max_retries + 1)
                               | stop_after_delay(self.max_retry_seconds)),
                         wait=self._wait, reraise=True):
@@ -446,22 +472,8 @@ class OpenAIBackend:
                         result = await fn(self.clients[next(upstreams) % len(self.clients)])
                         guard.success()
                         return result
-        except openai.NotFoundError as exc:
-            raise UnknownModelError(f"upstream does not serve {self.served_model!r}: "
-                                    f"{exc.message}", param="model") from exc
-        except openai.BadRequestError as exc:
-            msg = exc.message or str(exc)
-            if "context" in msg.lower() and "length" in msg.lower():
-                raise PromptTooLongError(msg, param="messages",
-                                         code="context_length_exceeded") from exc
-            raise InvalidRequestError(msg) from exc
-        except openai.APIConnectionError as exc:
-            raise BackendUnavailableError(
-                f"upstream unreachable {why_stopped}: {exc}") from exc
-        except openai.APIStatusError as exc:
-            cls = BackendUnavailableError if exc.status_code in RETRY_STATUS else BackendError
-            raise cls(f"upstream answered {exc.status_code} {why_stopped}: "
-                      f"{exc.message}") from exc
+        except (openai.APIConnectionError, openai.APIStatusError) as exc:
+            raise _upstream_error(exc, self.served_model, retry.why_stopped) from exc
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
                        n: int | None = None,
