@@ -248,71 +248,20 @@ def train(sft_path: str | os.PathLike[str], base: str = DEFAULT_MODEL,
     base_dir = resolve_model(cfg.base)
 
     import torch
-    from datasets import Dataset
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig, SFTTrainer
 
     torch.set_num_threads(cfg.threads or default_threads())
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules="all-linear", task_type="CAUSAL_LM")
-
-    examples = _sft_examples(sft_rows)
-    copies = expand_weights([r.metadata.weight for r in sft_rows], cfg.max_repeat)
-    train_ds = Dataset.from_list(_repeat(examples, copies))
-    eval_ds = Dataset.from_list(examples[: cfg.loss_eval_rows]) if cfg.loss_eval_rows else None
-
     scratch = tempfile.mkdtemp(prefix="refinery-train-")
     tmp_out = Path(tempfile.mkdtemp(prefix=f".{out_p.name}.tmp-", dir=out_p.parent))
     try:
-        steps_args: dict[str, Any] = ({"max_steps": cfg.max_steps} if cfg.max_steps
-                                      else {"num_train_epochs": cfg.epochs})
-        sft_args = SFTConfig(**_common_args(cfg, scratch), learning_rate=cfg.learning_rate,
-                             completion_only_loss=True, **steps_args)
-        trainer = SFTTrainer(model=model, args=sft_args, train_dataset=train_ds,
-                             eval_dataset=eval_ds, processing_class=tokenizer, peft_config=lora)
-        before = trainer.evaluate()["eval_loss"] if eval_ds is not None else None
-        t_sft = time.monotonic()
-        trainer.train()
-        sft_seconds = time.monotonic() - t_sft
-        after = trainer.evaluate()["eval_loss"] if eval_ds is not None else None
-        losses, logs = _losses(trainer.state.log_history)
-        sft_stage = StageResult(rows=len(sft_rows), expanded_rows=len(train_ds),
-                                steps=trainer.state.global_step, losses=losses, logs=logs,
-                                seconds=round(sft_seconds, 2))
-        model = trainer.model.merge_and_unload()
-        del trainer
-
+        model, sft_stage, before, after = _sft(cfg, model, tokenizer, sft_rows, scratch)
         dpo_stage = None
         if pair_rows:
-            from trl import DPOConfig, DPOTrainer
-
-            pex = _pair_examples(pair_rows)
-            pcopies = expand_weights([r.metadata.weight for r in pair_rows], cfg.max_repeat)
-            pair_ds = Dataset.from_list(_repeat(pex, pcopies))
-            dsteps: dict[str, Any] = ({"max_steps": cfg.dpo_max_steps} if cfg.dpo_max_steps
-                                      else {"num_train_epochs": cfg.dpo_epochs})
-            dpo_args = DPOConfig(**_common_args(cfg, scratch), beta=cfg.dpo_beta,
-                                 learning_rate=cfg.dpo_learning_rate, **dsteps)
-            dtrainer = DPOTrainer(model=model, ref_model=None, args=dpo_args,
-                                  train_dataset=pair_ds, processing_class=tokenizer,
-                                  peft_config=LoraConfig(
-                                      r=cfg.lora_r, lora_alpha=cfg.lora_alpha,
-                                      lora_dropout=cfg.lora_dropout,
-                                      target_modules="all-linear", task_type="CAUSAL_LM"))
-            t_dpo = time.monotonic()
-            dtrainer.train()
-            dlosses, dlogs = _losses(dtrainer.state.log_history)
-            dpo_stage = StageResult(rows=len(pair_rows), expanded_rows=len(pair_ds),
-                                    steps=dtrainer.state.global_step, losses=dlosses,
-                                    logs=dlogs, seconds=round(time.monotonic() - t_dpo, 2))
-            model = dtrainer.model.merge_and_unload()
-            del dtrainer
-
+            model, dpo_stage = _dpo(cfg, model, tokenizer, pair_rows, scratch)
         model = model.to(getattr(torch, cfg.save_dtype))
         model.config.use_cache = True
         model.save_pretrained(tmp_out, safe_serialization=True)
@@ -322,18 +271,81 @@ def train(sft_path: str | os.PathLike[str], base: str = DEFAULT_MODEL,
                              eval_loss_before=_round(before), eval_loss_after=_round(after),
                              seconds=round(time.monotonic() - t0, 2), versions=_versions())
         (tmp_out / TRAIN_RECORD).write_text(result.model_dump_json(indent=2) + "\n")
-        if out_p.exists():  # overwrite: move the old one aside first, then swap
-            old = out_p.with_name(f".{out_p.name}.old-{os.getpid()}")
-            os.rename(out_p, old)
-            os.rename(tmp_out, out_p)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp_out, out_p)
+        _swap_in(tmp_out, out_p)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
         if tmp_out.exists():
             shutil.rmtree(tmp_out, ignore_errors=True)
     return result
+
+
+def _lora(cfg: TrainConfig) -> Any:
+    from peft import LoraConfig
+
+    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules="all-linear", task_type="CAUSAL_LM")
+
+
+def _sft(cfg: TrainConfig, model: Any, tokenizer: Any, rows: list[MessagesRow],
+         scratch: str) -> tuple[Any, StageResult, float | None, float | None]:
+    """LoRA SFT on the completions, merged: the model, the stage, held-out loss before/after."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    examples = _sft_examples(rows)
+    copies = expand_weights([r.metadata.weight for r in rows], cfg.max_repeat)
+    train_ds = Dataset.from_list(_repeat(examples, copies))
+    eval_ds = Dataset.from_list(examples[: cfg.loss_eval_rows]) if cfg.loss_eval_rows else None
+    steps: dict[str, Any] = ({"max_steps": cfg.max_steps} if cfg.max_steps
+                             else {"num_train_epochs": cfg.epochs})
+    args = SFTConfig(**_common_args(cfg, scratch), learning_rate=cfg.learning_rate,
+                     completion_only_loss=True, **steps)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
+                         processing_class=tokenizer, peft_config=_lora(cfg))
+    before = trainer.evaluate()["eval_loss"] if eval_ds is not None else None
+    t = time.monotonic()
+    trainer.train()
+    seconds = time.monotonic() - t
+    after = trainer.evaluate()["eval_loss"] if eval_ds is not None else None
+    losses, logs = _losses(trainer.state.log_history)
+    stage = StageResult(rows=len(rows), expanded_rows=len(train_ds),
+                        steps=trainer.state.global_step, losses=losses, logs=logs,
+                        seconds=round(seconds, 2))
+    return trainer.model.merge_and_unload(), stage, before, after
+
+
+def _dpo(cfg: TrainConfig, model: Any, tokenizer: Any, rows: list[PairRow],
+         scratch: str) -> tuple[Any, StageResult]:
+    """LoRA DPO on the preference pairs (the model before it is its reference), merged."""
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+
+    copies = expand_weights([r.metadata.weight for r in rows], cfg.max_repeat)
+    pair_ds = Dataset.from_list(_repeat(_pair_examples(rows), copies))
+    steps: dict[str, Any] = ({"max_steps": cfg.dpo_max_steps} if cfg.dpo_max_steps
+                             else {"num_train_epochs": cfg.dpo_epochs})
+    args = DPOConfig(**_common_args(cfg, scratch), beta=cfg.dpo_beta,
+                     learning_rate=cfg.dpo_learning_rate, **steps)
+    trainer = DPOTrainer(model=model, ref_model=None, args=args, train_dataset=pair_ds,
+                         processing_class=tokenizer, peft_config=_lora(cfg))
+    t = time.monotonic()
+    trainer.train()
+    losses, logs = _losses(trainer.state.log_history)
+    stage = StageResult(rows=len(rows), expanded_rows=len(pair_ds),
+                        steps=trainer.state.global_step, losses=losses, logs=logs,
+                        seconds=round(time.monotonic() - t, 2))
+    return trainer.model.merge_and_unload(), stage
+
+
+def _swap_in(tmp_out: Path, out: Path) -> None:
+    """Move the finished model into place; an old one (``overwrite``) goes only after."""
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}")
+        os.rename(out, old)
+        os.rename(tmp_out, out)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp_out, out)
 
 
 def _round(x: float | None) -> float | None:
