@@ -52,10 +52,15 @@ _SYNTAX_NAMES = {
 
 @dataclass(frozen=True)
 class ChildCost:
-    """An inner strategy as its parent's worst-case function sees it."""
+    """An inner strategy as its parent's worst-case function sees it.
+
+    ``one_request``: n attempts of it go out as one request with n samples (a
+    ``cot`` variant), so a sampling parent pays ``calls`` once, not n times.
+    """
 
     name: str
     calls: int
+    one_request: bool = False
 
 
 class StrategyEntry(Protocol):
@@ -66,6 +71,7 @@ class StrategyEntry(Protocol):
     min_inner: int
     max_inner: int | None
     default_inner: tuple[str, ...]
+    # Optional: ``samples_in_one_request`` (bool, default False), see ChildCost.
 
     def worst_case(self, params: BaseModel, children: Sequence[ChildCost]) -> int: ...
 
@@ -327,7 +333,9 @@ def worst_case_calls(g: nx.DiGraph, nid: str | None = None) -> int:
     data = g.nodes[nid]
     if "entry" not in data:
         raise SpecError("worst_case_calls needs a validated graph (see validate)")
-    kids = [ChildCost(g.nodes[k]["name"], worst_case_calls(g, k)) for k in children(g, nid)]
+    kids = [ChildCost(g.nodes[k]["name"], worst_case_calls(g, k),
+                      getattr(g.nodes[k]["entry"], "samples_in_one_request", False))
+            for k in children(g, nid)]
     data["calls"] = int(data["entry"].worst_case(data["params"], kids))
     return data["calls"]
 

@@ -87,7 +87,7 @@ class BestOfN(LoopStrategy):
     @staticmethod
     def worst_case(params: Params, children: Sequence[ChildCost]) -> int:
         [inner] = children
-        sampling = 1 if inner.name == "cot" else params.n * inner.calls
+        sampling = inner.calls if inner.one_request else params.n * inner.calls
         return sampling + params.n  # the judge, when there is no verifier
 
     async def propose(self, task: Task, ctx: Context, rnd: int,

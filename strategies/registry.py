@@ -67,6 +67,10 @@ class Entry:
     def default_inner(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.cls.default_inner)
 
+    @property
+    def samples_in_one_request(self) -> bool:
+        return self.cls.samples_in_one_request
+
     def worst_case(self, params: BaseModel, children: Sequence[ChildCost]) -> int:
         return self.cls.worst_case(params, children)
 

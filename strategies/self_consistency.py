@@ -55,7 +55,7 @@ class SelfConsistency(LoopStrategy):
     @staticmethod
     def worst_case(params: Params, children: Sequence[ChildCost]) -> int:
         [inner] = children
-        return 1 if inner.name == "cot" else params.n * inner.calls
+        return inner.calls if inner.one_request else params.n * inner.calls
 
     async def propose(self, task: Task, ctx: Context, rnd: int,
                       last: list[Scored[Votes]]) -> list[Attempt]:

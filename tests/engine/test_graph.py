@@ -50,6 +50,8 @@ def test_build_composite_instantiates_the_tree():
 
 @pytest.mark.parametrize("spec, calls", [
     ("cot", 1), ("sc(cot, n=8)", 1), ("sc(sage(cot), n=4)", 12),
+    # cot's variants also sample n attempts in one request
+    ("sc(re2, n=8)", 1), ("sc(cot_reflection, n=4)", 1), ("best_of_n(re2, n=3)", 4),
     ("best_of_n(n=3)", 4), ("critique_refine(rounds=0)", 2), ("dei(cot, cot, votes=5)", 6),
 ])
 def test_worst_case_calls(spec, calls):

@@ -63,7 +63,7 @@ async def test_sc_over_re2_is_one_request_of_n_reread_samples():
     [call] = backend.calls
     assert call.n == 3 and call.messages[-1].content.count(QUESTION) == 2
     assert attempt.answer == "14" and attempt.metadata["votes"] == {"14": 2, "16": 1}
-    assert len(backend.calls) <= worst_case("sc(re2, n=3)")
+    assert len(backend.calls) == worst_case("sc(re2, n=3)") == 1  # the bound is tight
 
 
 # ------------------------------------------------------------------------------- moa
