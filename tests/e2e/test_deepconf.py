@@ -23,7 +23,7 @@ from refinery.engine.run import run
 from refinery.engine.trace import Trace
 from refinery.engine.types import SamplingParams
 from refinery.strategies import build
-from tests.e2e.test_strategies import gsm8k_tasks
+from tests.e2e.solving import gsm8k_tasks
 
 pytestmark = pytest.mark.e2e
 

@@ -8,18 +8,13 @@ capped at 128 tokens, as in test_strategies.py.
 
 from __future__ import annotations
 
-import asyncio
 from collections import Counter
 
 import pytest
 
-from refinery.engine.loops import CusumLoopDetector
-from refinery.engine.run import run
-from refinery.engine.trace import Trace, TraceWriter, read_traces
-from refinery.engine.types import SamplingParams
-from refinery.strategies import build_with_graph
+from refinery.engine.trace import Trace
 from refinery.strategies.cot_reflection import section
-from tests.e2e.test_strategies import gsm8k_tasks
+from tests.e2e.solving import gsm8k_tasks, run_specs
 
 pytestmark = pytest.mark.e2e
 
@@ -60,33 +55,9 @@ CHECKS = {"moa": check_moa, "re2": check_re2, "cot_reflection": check_cot_reflec
 
 
 async def test_optillm_strategies_complete_on_4_gsm8k_problems(vllm_backend, tmp_path):
-    tasks = gsm8k_tasks(4)
-    params = SamplingParams(temperature=0.7, max_tokens=128)
-
-    async def one(spec: str):
-        strategy, _ = build_with_graph(spec)
-        writer = TraceWriter(tmp_path / f"{spec}.jsonl")
-        traces = await run(strategy, tasks, vllm_backend, concurrency=4, params=params,
-                           trace_writer=writer, spec=spec, loop_detector=CusumLoopDetector(),
-                           on_error="raise")
-        return spec, traces, writer.path
-
-    results = await asyncio.gather(*(one(s) for s in SPECS))
-    report = []
-    for spec, traces, path in results:
-        assert [t.task_id for t in traces] == [t.id for t in tasks]
-        assert all(t.error is None and t.attempt is not None for t in traces), spec
-        assert all(t.usage.calls >= 1 and t.usage.completion_tokens > 0 for t in traces)
-        back = read_traces(path)
-        assert sorted(t.task_id for t in back) == sorted(t.id for t in tasks)
-        for trace in back:
+    runs = await run_specs(SPECS, gsm8k_tasks(4), vllm_backend, tmp_path)
+    for spec, r in runs.items():
+        for trace in r.written:
             CHECKS[spec](trace)
-        calls = sum(t.usage.calls for t in traces)
-        toks = sum(t.usage.total_tokens for t in traces)
-        answers = [t.attempt.answer for t in traces]
-        extra = ""
-        if spec == "cot_reflection":
-            sources = Counter(t.attempt.metadata["output_from"] for t in traces)
-            extra = f" output_from={dict(sources)}"
-        report.append(f"{spec}: calls={calls} tokens={toks} answers={answers}{extra}")
-    print("\n".join(report))
+    sources = Counter(t.attempt.metadata["output_from"] for t in runs["cot_reflection"].traces)
+    print(f"cot_reflection output_from={dict(sources)}")

@@ -9,17 +9,9 @@ votes) are otherwise the paper's.
 
 from __future__ import annotations
 
-import asyncio
-import json
-
 import pytest
 
-from refinery.engine.loops import CusumLoopDetector
-from refinery.engine.run import run
-from refinery.engine.trace import TraceWriter, read_traces
-from refinery.engine.types import SamplingParams, Task
-from refinery.strategies import build_with_graph
-from tests.conftest import GSM8K
+from tests.e2e.solving import gsm8k_tasks, run_specs
 
 pytestmark = pytest.mark.e2e
 
@@ -31,38 +23,11 @@ SPECS = ["cot", "sc(cot, n=4)", "best_of_n(cot, n=4)", "critique_refine", *SSR_S
          "sage(cot)", DEI]
 
 
-def gsm8k_tasks(n: int = 4) -> list[Task]:
-    with open(GSM8K / "test.jsonl", encoding="utf-8") as f:
-        rows = [json.loads(next(f)) for _ in range(n)]
-    return [Task.from_prompt(r["question"], id=f"gsm8k-{i}") for i, r in enumerate(rows)]
-
-
 async def test_every_strategy_completes_on_4_gsm8k_problems(vllm_backend, tmp_path):
-    tasks = gsm8k_tasks()
-    params = SamplingParams(temperature=0.7, max_tokens=128)
-
-    async def one(spec: str):
-        strategy, _ = build_with_graph(spec)
-        writer = TraceWriter(tmp_path / f"{spec.split('(')[0]}-{len(spec)}.jsonl")
-        traces = await run(strategy, tasks, vllm_backend, concurrency=4, params=params,
-                           trace_writer=writer, spec=spec, loop_detector=CusumLoopDetector(),
-                           on_error="raise")
-        return spec, traces, writer.path
-
-    results = await asyncio.gather(*(one(s) for s in SPECS))
-    report = []
-    for spec, traces, path in results:
-        assert [t.task_id for t in traces] == [t.id for t in tasks]
-        assert all(t.error is None and t.attempt is not None for t in traces), spec
-        assert all(t.usage.calls >= 1 and t.usage.completion_tokens > 0 for t in traces)
-        back = read_traces(path)
-        assert sorted(t.task_id for t in back) == sorted(t.id for t in tasks)
-        assert all(len(t.events) >= t.usage.calls for t in back)
-        calls = sum(t.usage.calls for t in traces)
-        toks = sum(t.usage.total_tokens for t in traces)
-        report.append(f"{spec}: calls={calls} tokens={toks}")
-    print("\n".join(report))
-    by_spec = {spec: traces for spec, traces, _ in results}
+    runs = await run_specs(SPECS, gsm8k_tasks(4), vllm_backend, tmp_path)
+    for r in runs.values():
+        assert all(len(t.events) >= t.usage.calls for t in r.written), r.spec
+    by_spec = {spec: r.traces for spec, r in runs.items()}
     # Refiners really refine: more calls per task than a single CoT sample.
     for spec in ("critique_refine", "ssr(max_iter=0)", "sage(cot)", DEI):
         assert min(t.usage.calls for t in by_spec[spec]) >= 2, spec
