@@ -611,16 +611,14 @@ def build_rows(problems: Sequence[_Problem], stats: BuildStats, *,
     sft: list[MessagesRow | PromptCompletionRow] = []
     pairs: list[PairRow] = []
     drops: Counter[str] = Counter()
-    chosen_len: list[int] = []
-    rejected_len: list[int] = []
     for prob in problems:
         stats.candidates += len(prob.candidates)
         for c in prob.candidates:
             _inspect(c, require_explicit_answer, math=prob.verifier_name not in _CODE_VERIFIERS)
-        if not _verify(prob, min_confidence=min_confidence, min_voters=min_voters):
-            drops.update(c.drop for c in prob.candidates if c.drop)
+        verified = _verify(prob, min_confidence=min_confidence, min_voters=min_voters)
+        drops.update(c.drop for c in prob.candidates if c.drop)  # _verify may drop some
+        if not verified:
             continue
-        drops.update(c.drop for c in prob.candidates if c.drop)
         usable = [c for c in prob.candidates if c.drop is None and c.passed is not None]
         passing, dup_p = _dedupe(c for c in usable if c.passed)
         failing, dup_f = _dedupe(c for c in usable if not c.passed)
@@ -629,19 +627,7 @@ def build_rows(problems: Sequence[_Problem], stats: BuildStats, *,
             stats.no_passing_attempt += 1
             stats.all_wrong += 1
             continue
-        drafts = [c for c in prob.candidates if c.step == "draft"]
-        easy = bool(drafts) and all(d.drop is None and d.passed for d in drafts)
-        failed_drafts = [d for d in drafts if d.drop in ("loop", "truncated", "aborted",
-                                                         "malformed") or d.passed is False]
-        # Refinements only (iteration > 0): a loop retry of a draft is a retry, not a rescue.
-        rescuers = [c for c in passing if c.iteration > 0
-                    and any(_descends(prob, c, d) for d in failed_drafts)]
-        # A final attempt that passed in a trace whose every draft failed is a rescue too.
-        for c in passing:
-            if c.is_final and c.iteration > 0 and c not in rescuers:
-                trace_drafts = [d for d in drafts if d.trace_key == c.trace_key]
-                if trace_drafts and all(d in failed_drafts for d in trace_drafts):
-                    rescuers.append(c)
+        rescuers, easy = _rescuers(prob, passing)
         rescued = bool(rescuers)
         weight = RESCUED_WEIGHT if rescued else EASY_WEIGHT if easy else 1.0
         stats.rescued += rescued
@@ -649,49 +635,75 @@ def build_rows(problems: Sequence[_Problem], stats: BuildStats, *,
 
         # SFT: rescuing refinements first, then final attempts, then the rest, in order.
         ranked = sorted(passing, key=lambda c: (c not in rescuers, not c.is_final))
-        cap = 1 if easy else max_per_prompt
-        picked = _diverse(ranked, cap)
+        picked = _diverse(ranked, 1 if easy else max_per_prompt)
         stats.capped += len(ranked) - len(picked)
         for c in picked:
             sft.append(_sft_row(prob, c, _provenance(prob, c, weight, rescued, easy),
                                 instruction, sft_format))
         stats.problems_with_sft += 1
         stats.weighted_sft_rows += weight * len(picked)
-
-        # Pairs.
         if not failing:
             stats.all_right += 1
             continue
-        edges = [(c, d) for d in failing if d.step == "draft" or d.iteration == 0
-                 for c in passing if _descends(prob, c, d)]
-        # Direct refinements first (the fewest refinements between the two).
-        edges.sort(key=lambda p: p[0].iteration - p[1].iteration)
-        chosen_pairs = _pick_pairs(edges, max_pairs_per_prompt, max_length_ratio, stats)
-        source = "refinement_edge"
-        if not chosen_pairs:
-            source = "correct_incorrect"
-            combos = [(c, d) for c in passing for d in failing]
-            chosen_pairs = _pick_pairs(combos, max_pairs_per_prompt, max_length_ratio, stats)
-        for ch, rj in chosen_pairs:
+        chosen, source = _chosen_pairs(prob, passing, failing, max_pairs_per_prompt,
+                                       max_length_ratio, stats)
+        for ch, rj in chosen:
             meta = _provenance(prob, ch, weight, rescued, easy)
-            meta.update(pair_source=source, rejected_strategy=rj.strategy,
-                        rejected_step=rj.step, rejected_iteration=rj.iteration,
-                        rejected_event_id=rj.event_id, rejected_answer=rj.answer,
-                        length_ratio=round(_length_ratio(ch, rj), 4))
-            pairs.append(PairRow(
-                prompt=_user_turns(prob.prompt, instruction),
-                chosen=[ChatMessage(role="assistant", content=ch.text or "")],
-                rejected=[ChatMessage(role="assistant", content=rj.text or "")],
-                metadata=PairProvenance.model_validate(meta)))
+            pairs.append(_pair_row(prob, ch, rj, meta, source, instruction))
             stats.pairs_by_source[source] = stats.pairs_by_source.get(source, 0) + 1
-            chosen_len.append(len(ch.text or ""))
-            rejected_len.append(len(rj.text or ""))
     stats.dropped = {k: v for k, v in sorted(drops.items()) if v}
     stats.sft_rows, stats.pairs = len(sft), len(pairs)
-    if chosen_len:
-        stats.mean_chosen_chars = round(sum(chosen_len) / len(chosen_len), 1)
-        stats.mean_rejected_chars = round(sum(rejected_len) / len(rejected_len), 1)
+    if pairs:
+        stats.mean_chosen_chars = round(
+            sum(len(p.chosen[0].content) for p in pairs) / len(pairs), 1)
+        stats.mean_rejected_chars = round(
+            sum(len(p.rejected[0].content) for p in pairs) / len(pairs), 1)
     return sft, pairs
+
+
+def _rescuers(prob: _Problem, passing: list[Candidate]) -> tuple[list[Candidate], bool]:
+    """The passing refinements that fixed a failed draft, and whether the problem was easy
+    (every draft passed as it was)."""
+    drafts = [c for c in prob.candidates if c.step == "draft"]
+    easy = bool(drafts) and all(d.drop is None and d.passed for d in drafts)
+    failed_drafts = [d for d in drafts if d.drop in ("loop", "truncated", "aborted",
+                                                     "malformed") or d.passed is False]
+    # Refinements only (iteration > 0): a loop retry of a draft is a retry, not a rescue.
+    rescuers = [c for c in passing if c.iteration > 0
+                and any(_descends(prob, c, d) for d in failed_drafts)]
+    # A final attempt that passed in a trace whose every draft failed is a rescue too.
+    for c in passing:
+        if c.is_final and c.iteration > 0 and c not in rescuers:
+            trace_drafts = [d for d in drafts if d.trace_key == c.trace_key]
+            if trace_drafts and all(d in failed_drafts for d in trace_drafts):
+                rescuers.append(c)
+    return rescuers, easy
+
+
+def _chosen_pairs(prob: _Problem, passing: list[Candidate], failing: list[Candidate],
+                  max_pairs: int, max_ratio: float, stats: BuildStats,
+                  ) -> tuple[list[tuple[Candidate, Candidate]], str]:
+    """(chosen, rejected) pairs: refinement edges from a failed draft to a passing
+    descendant, the most direct first; else any passing against any failing attempt."""
+    edges = [(c, d) for d in failing if d.step == "draft" or d.iteration == 0
+             for c in passing if _descends(prob, c, d)]
+    edges.sort(key=lambda p: p[0].iteration - p[1].iteration)
+    chosen = _pick_pairs(edges, max_pairs, max_ratio, stats)
+    if chosen:
+        return chosen, "refinement_edge"
+    combos = [(c, d) for c in passing for d in failing]
+    return _pick_pairs(combos, max_pairs, max_ratio, stats), "correct_incorrect"
+
+
+def _pair_row(prob: _Problem, ch: Candidate, rj: Candidate, meta: dict[str, Any],
+              source: str, instruction: str | None) -> PairRow:
+    meta.update(pair_source=source, rejected_strategy=rj.strategy, rejected_step=rj.step,
+                rejected_iteration=rj.iteration, rejected_event_id=rj.event_id,
+                rejected_answer=rj.answer, length_ratio=round(_length_ratio(ch, rj), 4))
+    return PairRow(prompt=_user_turns(prob.prompt, instruction),
+                   chosen=[ChatMessage(role="assistant", content=ch.text or "")],
+                   rejected=[ChatMessage(role="assistant", content=rj.text or "")],
+                   metadata=PairProvenance.model_validate(meta))
 
 
 def build(runs: Sequence[str | Path], sft_out: str | Path, pairs_out: str | Path | None = None,
