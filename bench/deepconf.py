@@ -24,7 +24,9 @@ two samples or more).
 
 Reported per dataset: tokens generated, wall time, accuracy with 95% Wilson
 intervals, deepconf's agreement with sc's vote (independent samples), the
-replay's agreement and token ratio (same samples), and the sc-pool floor.
+replay's agreement and token ratio (same samples), the sc-pool floor, and the
+confidence's calibration on the pool (lowest group of right against wrong traces,
+AUROC; ``--load`` prints it for saved pools).
 Targets: >= 50% fewer tokens than sc at the same N with >= 95% agreement.
 
 Then the cost of streaming top-k logprobs: ``--requests`` greedy GSM8K prompts,
@@ -258,6 +260,29 @@ def report(dataset: str, sc: MethodRun, dc: MethodRun, pool: list[list[PoolTrace
           f"{agreement([r.answer for r in reps], full)}; tokens "
           f"{sum(r.tokens for r in reps) / max(1, pool_tokens):.2f} of the pool's, "
           f"traces drawn {sum(r.drawn for r in reps)} of {p.n * len(pool)}")
+    calibration(dataset, pool, p)
+
+
+def calibration(dataset: str, pool: list[list[PoolTrace]], p: DeepConf.Params) -> None:
+    """Does the confidence separate right from wrong traces? Each pool trace's lowest
+    group confidence (``p.window``) against its verdict: means and AUROC (0.5: chance)."""
+    from refinery.verifiers.math import is_equivalent
+
+    right, wrong = [], []
+    for ex, traces in zip(load(dataset, len(pool)), pool, strict=True):
+        for t in traces:
+            conf = replay_trace(t, p, None).metadata["measures"].get("confidence")
+            if conf is not None:
+                ok = t.answer is not None and is_equivalent(t.answer, ex.gold)
+                (right if ok else wrong).append(conf)
+    if not right or not wrong:
+        print(f"calibration: {len(right)} right, {len(wrong)} wrong traces; no AUROC")
+        return
+    # AUROC = P(a right trace is more confident than a wrong one), ties half.
+    wins = sum((r > w) + 0.5 * (r == w) for r in right for w in wrong)
+    print(f"calibration: {len(right)} right, {len(wrong)} wrong traces; mean lowest-group "
+          f"confidence {sum(right) / len(right):.2f} right, {sum(wrong) / len(wrong):.2f} "
+          f"wrong; AUROC {wins / (len(right) * len(wrong)):.3f}")
 
 
 def grid(pools: dict[str, list[list[PoolTrace]]], n: int) -> None:
@@ -332,6 +357,9 @@ def cli(a: argparse.Namespace) -> None:
     if a.load:
         pools = {d: [[PoolTrace(**t) for t in ts] for ts in v]
                  for d, v in json.loads(Path(a.load).read_text()).items()}
+        for dataset, pool in pools.items():
+            print(f"== {dataset}")
+            calibration(dataset, pool, settings(a))
         if a.grid:
             grid(pools, a.n)
         return
