@@ -96,8 +96,6 @@ class Strategy:
     default_inner: ClassVar[tuple[type[Strategy], ...]] = ()
     # Constraint kinds the parsed steps ask for in structured mode (see ``structured``).
     structured_kinds: ClassVar[frozenset[str]] = frozenset()
-    # n attempts are one request with n samples (``cot.sample_inner``): cot and its variants.
-    samples_in_one_request: ClassVar[bool] = False
 
     def __init__(self, *inner: Strategy, **params: Any) -> None:
         if not inner:

@@ -37,7 +37,6 @@ class CoT(Strategy):
     """
 
     name = "cot"
-    samples_in_one_request = True  # sample(): n attempts, one request with n samples
 
     class Params(StrategyParams):
         temperature: float | None = Field(None, ge=0.0, le=2.0,
