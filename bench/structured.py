@@ -14,8 +14,9 @@ and stops), and a batch whose samples finish early runs emptier, so tokens/s of
 free-length samples mixes the constraint's cost with the batch's shape. So each
 round has a third side, **matched**: the same prompts unconstrained, each capped
 at the token count its constrained sample had in that round. Free text is
-longer than the cap almost always, so both sides then generate nearly the same
-tokens per request and only the constraint differs.
+usually longer than that cap (the matched side made 0.83 of the constrained
+side's tokens on 2 Dec), so both sides generate nearly the same tokens per
+request and mostly only the constraint differs.
 
 Prints per side the tokens generated, tokens/s (all tokens over the round's
 wall time), median and p90 time to first token, and the share of constrained
