@@ -471,18 +471,19 @@ class Sandbox:
             return await self._run(mode, source, stdin, wall_timeout or self.config.wall_timeout)
 
     async def _run(self, mode: Mode, source: str, stdin: str, wall: float) -> RunResult:
-        c = self.config
         lease = self._uids.acquire() if self._uids else None
         uid = lease.uid if lease else None
         hostdir = tempfile.mkdtemp(prefix="refinery-sbx-")
         proc: asyncio.subprocess.Process | None = None
+        output = _Output(self.config.output_bytes + 64)  # +64: the nonce line
         io: list[asyncio.Future[None]] = []
         start = time.monotonic()
+        timed_out = False
         try:
             path, cwd = _prepare_dir(hostdir, source, mode, uid)
             nonce = secrets.token_hex(16)
-            argv = [c.python, "-I", "-c", _DRIVER, path]
-            cmd = self._command(mode, hostdir, uid, argv)
+            cmd = self._command(mode, hostdir, uid, [self.config.python, "-I", "-c", _DRIVER,
+                                                     path])
             try:
                 proc = await asyncio.create_subprocess_exec(
                     *cmd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
@@ -491,36 +492,7 @@ class Sandbox:
                 )
             except OSError as e:
                 raise SandboxError(f"could not start the sandbox: {e}") from e
-            out, err = bytearray(), bytearray()
-            exceeded = timed_out = False
-
-            def kill() -> None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-
-            async def pump(stream: asyncio.StreamReader, buf: bytearray) -> None:
-                nonlocal exceeded
-                while True:
-                    chunk = await stream.read(65536)
-                    if not chunk:
-                        return
-                    room = c.output_bytes + 64 - len(out) - len(err)  # +64: the nonce line
-                    buf += chunk[: max(room, 0)]
-                    if len(chunk) > room:
-                        exceeded = True
-                        kill()
-                        return
-
-            async def feed() -> None:
-                assert proc.stdin is not None
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    proc.stdin.write(f"{nonce}\n{stdin}".encode())
-                    await proc.stdin.drain()
-                    proc.stdin.close()
-
-            assert proc.stdout is not None and proc.stderr is not None
-            io += [asyncio.ensure_future(feed()), asyncio.ensure_future(pump(proc.stdout, out)),
-                  asyncio.ensure_future(pump(proc.stderr, err))]
+            io += output.start(proc, f"{nonce}\n{stdin}".encode())
             try:
                 # The run ends when its first process does: anything it left behind is a
                 # stray (a daemon, a forked child holding our pipes) and is killed below.
@@ -531,40 +503,90 @@ class Sandbox:
         finally:
             # Whatever happened (done, limit, timeout, our caller cancelled): kill the
             # group, then every process left with the run's uid, then reap.
-            if proc is not None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-            if lease is not None:
-                kill_uid(lease.uid)
-                _UidPool.release(lease)
-            if proc is not None:
-                # Drain what the dead wrote. A pipe still held open can only be a writer
-                # we could not kill (rlimit mode without a uid of its own): give up on it.
-                pending = [t for t in io if not t.done()]
-                if pending:
-                    _, late = await asyncio.wait(pending, timeout=2.0)
-                    for t in late:
-                        t.cancel()
-                if proc.returncode is None:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(proc.wait(), timeout=5.0)
+            await _reap(proc, lease, io)
             shutil.rmtree(hostdir, ignore_errors=True)
-        returncode = proc.returncode
+        return _result(mode, proc.returncode, output, nonce, timed_out, duration, uid)
 
-        stdout = out.decode("utf-8", errors="replace")
-        marker = f"\n{nonce}\n"
-        completed = stdout.endswith(marker) and not exceeded and not timed_out
-        if completed:
-            stdout = stdout[: -len(marker)]
-        sig = None
-        if returncode is not None and returncode < 0:
-            sig = -returncode
-        elif mode == "bwrap" and returncode is not None and returncode > 128 and not completed:
-            sig = returncode - 128  # bwrap reports a signalled child as 128 + signal
-        if timed_out or exceeded:
-            sig = None  # our own SIGKILL, reported as the limit instead
-        return RunResult(
-            returncode=returncode, signal=sig, completed=completed, timed_out=timed_out,
-            output_exceeded=exceeded, stdout=stdout, stderr=err.decode("utf-8", errors="replace"),
-            duration=duration, mode=mode, uid=uid,
-        )
+
+class _Output:
+    """stdout and stderr of one run, kept up to ``limit`` bytes together; a run that
+    writes past it is killed (its group), so a flood cannot fill our memory."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.out, self.err = bytearray(), bytearray()
+        self.exceeded = False
+
+    def start(self, proc: asyncio.subprocess.Process, stdin: bytes) -> list[asyncio.Future[None]]:
+        """Feed ``stdin`` and pump both pipes of ``proc``: the futures doing it."""
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        return [asyncio.ensure_future(_feed(proc.stdin, stdin)),
+                asyncio.ensure_future(self._pump(proc, proc.stdout, self.out)),
+                asyncio.ensure_future(self._pump(proc, proc.stderr, self.err))]
+
+    async def _pump(self, proc: asyncio.subprocess.Process, stream: asyncio.StreamReader,
+                    buf: bytearray) -> None:
+        while chunk := await stream.read(65536):
+            room = self.limit - len(self.out) - len(self.err)
+            buf += chunk[: max(room, 0)]
+            if len(chunk) > room:
+                self.exceeded = True
+                _kill_group(proc)
+                return
+
+
+async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        pipe.write(data)
+        await pipe.drain()
+        pipe.close()
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def _reap(proc: asyncio.subprocess.Process | None, lease: _Lease | None,
+                io: list[asyncio.Future[None]]) -> None:
+    """Kill the run's group and every process left with its uid, then drain and reap."""
+    if proc is not None:
+        _kill_group(proc)
+    if lease is not None:
+        kill_uid(lease.uid)
+        _UidPool.release(lease)
+    if proc is None:
+        return
+    # Drain what the dead wrote. A pipe still held open can only be a writer we
+    # could not kill (rlimit mode without a uid of its own): give up on it.
+    pending = [t for t in io if not t.done()]
+    if pending:
+        _, late = await asyncio.wait(pending, timeout=2.0)
+        for t in late:
+            t.cancel()
+    if proc.returncode is None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(proc.wait(), timeout=5.0)
+
+
+def _result(mode: Mode, returncode: int | None, output: _Output, nonce: str, timed_out: bool,
+            duration: float, uid: int | None) -> RunResult:
+    """The outcome of a reaped run: complete only if the driver's nonce line ended stdout."""
+    stdout = output.out.decode("utf-8", errors="replace")
+    marker = f"\n{nonce}\n"
+    completed = stdout.endswith(marker) and not output.exceeded and not timed_out
+    if completed:
+        stdout = stdout[: -len(marker)]
+    sig = None
+    if returncode is not None and returncode < 0:
+        sig = -returncode
+    elif mode == "bwrap" and returncode is not None and returncode > 128 and not completed:
+        sig = returncode - 128  # bwrap reports a signalled child as 128 + signal
+    if timed_out or output.exceeded:
+        sig = None  # our own SIGKILL, reported as the limit instead
+    return RunResult(
+        returncode=returncode, signal=sig, completed=completed, timed_out=timed_out,
+        output_exceeded=output.exceeded, stdout=stdout,
+        stderr=output.err.decode("utf-8", errors="replace"), duration=duration, mode=mode,
+        uid=uid,
+    )
