@@ -135,13 +135,19 @@ class Constraint(BaseModel):
 
     @property
     def max_chars(self) -> int | None:
-        """The longest text the constraint allows, when it is bounded (regex, choice).
+        """The longest text the constraint allows, when it is bounded.
 
         A token writes at least one character, so ``max_chars + 1`` tokens (the
         last one the end of the sample) always fit a constrained sample whole.
+        Exact for a regex or a choice. For a JSON schema whose every string,
+        array and object is bounded, it is the length of the longest compact
+        document, an escaped character counted as one: JSON also allows
+        whitespace between tokens, which the bound leaves out.
         """
         if self.choice is not None:
             return max(len(c) for c in self.choice)
+        if self.json_schema is not None:
+            return _json_max_chars(self.json_schema)
         if self.regex is None:
             return None
         try:
@@ -175,6 +181,38 @@ class Constraint(BaseModel):
         import jsonschema
 
         return jsonschema.Draft202012Validator(self.json_schema).is_valid(value)
+
+
+def _json_max_chars(schema: dict[str, Any]) -> int | None:
+    """The longest compact JSON ``schema`` allows, or None when anything in it is unbounded
+    (a string without ``maxLength``, an array without ``maxItems``, an open object,
+    a number without both limits)."""
+    if not isinstance(schema, dict):
+        return None  # a list of item schemas (tuple validation): not sized here
+    if "enum" in schema or "const" in schema:
+        values = schema.get("enum", [schema.get("const")])
+        return max(len(json.dumps(v, separators=(",", ":"))) for v in values)
+    kind = schema.get("type")
+    if kind == "string":
+        return 2 + schema["maxLength"] if "maxLength" in schema else None
+    if kind == "boolean":
+        return 5
+    if kind == "null":
+        return 4
+    if kind == "integer" and "minimum" in schema and "maximum" in schema:
+        return max(len(str(int(schema["minimum"]))), len(str(int(schema["maximum"]))))
+    if kind == "array" and "maxItems" in schema and "items" in schema:
+        item = _json_max_chars(schema["items"])
+        n = schema["maxItems"]
+        return None if item is None else 2 + n * item + max(n - 1, 0)
+    if kind == "object" and schema.get("additionalProperties") is False:
+        sizes = [(len(json.dumps(key)), _json_max_chars(sub))
+                 for key, sub in schema.get("properties", {}).items()]
+        if any(size is None for _, size in sizes):
+            return None
+        # each member is "key":value, members comma-separated, all in braces
+        return 2 + sum(k + 1 + v for k, v in sizes) + max(len(sizes) - 1, 0)
+    return None
 
 
 def require_support(constraint: Constraint | None, supported: frozenset[str],

@@ -213,12 +213,10 @@ async def decompose(task: Task, ctx: Context, attempt: Attempt, strategy: str,
                     ) -> tuple[list[SubQuestion], list[str], str]:
     """(steps, event ids, note): temperature 0, one retry with the error shown, else []."""
     msgs = _user(DECOMPOSE.format(question=task.question, solution=attempt.text))
-    # JSON has no character bound to raise max_tokens to; twice the cap left room for
-    # every decomposition of the first 20 on arith but one (852 characters of
-    # repeated "2. " in 512 tokens).
-    tokens = 2 * ctx.params.max_tokens if structured else ctx.params.max_tokens
+    # Structured, the cap rises to the schema's longest compact text (step_params): a
+    # decomposition that repeats "2. " until every string is full still closes its JSON.
     params = step_params(ctx, decomposition_schema(max_steps) if structured else None,
-                         temperature=0.0, max_tokens=tokens)
+                         temperature=0.0)
     events: list[str] = []
     for step, note in (("decompose", ""), ("decompose_retry", "parsed on retry")):
         gen = await ctx.generate(msgs, params, n=1, step="decompose", strategy=strategy,

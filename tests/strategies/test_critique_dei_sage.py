@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from refinery.engine.types import Delta
 from refinery.strategies import DEI, SAGE, CoT, CritiqueRefine
+from refinery.strategies.sage import plan_schema
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ctx, prompts, task
 
@@ -119,7 +120,10 @@ async def test_sage_plans_and_the_last_rollout_streams():
     assert "Final answer: 16" not in rollout.messages[-1].content  # leak dropped
     assert attempt.answer == "14" and "".join(pieces) == attempt.text
     [plan] = prompts(backend, "Do not solve the problem")
-    assert plan.params.max_tokens == 300 and plan.params.temperature == 0.0
+    # the plan's cap (300) rises to its schema's longest text, so a plan that fills
+    # every string still closes its JSON
+    assert plan.params.max_tokens == plan_schema(300).max_chars + 1 == 1300
+    assert plan.params.temperature == 0.0
     assert attempt.metadata["plan_dropped_lines"] == 1
 
 

@@ -131,7 +131,7 @@ async def test_structured_sage_plan_is_json_rendered_to_headings():
     assert form.json_schema["properties"]["key_steps"]["maxItems"] == 6
     assert not form.accepts(json.dumps({**PLAN, "goal": ""}))
     assert '"key_steps": ["...", "..."]' in plan_call.messages[-1].content
-    assert plan_call.params.max_tokens == 200
+    assert plan_call.params.max_tokens == form.max_chars + 1 == 900  # a full plan closes
     [rollout] = prompts(backend, "plan drawn from an earlier attempt")
     note = rollout.messages[-1].content
     assert "Goal: the apples in the end\nKnown:" in note
