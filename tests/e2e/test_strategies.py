@@ -5,7 +5,8 @@ All strategies run at once so their calls batch in one vLLM engine. Generations
 are capped at 128 tokens and there are 2 problems to keep the suite inside CI
 time (8 took 6 minutes, 4 took 3: the test lasts about as long as its longest
 chain of SSR calls, so halving the tokens saved a quarter); the defaults of each
-strategy (rounds, re-solves, votes) are otherwise the paper's.
+strategy (rounds, re-solves, votes) are otherwise the paper's, but for the
+smaller SSR decompositions and SAGE plans set below.
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ from tests.e2e.solving import gsm8k_tasks, run_specs
 
 pytestmark = pytest.mark.e2e
 
-# The SSR family runs one refinement: with structured steps its decompositions parse,
-# so every round re-solves every step (about 3x the free-text tokens, docs/results.md).
-SSR_SPECS = ["ssr(max_iter=0)", "ssr_ada(max_iter=0)", "ssr_plan(max_iter=0)"]
-DEI = "dei(ssr(max_iter=0), critique_refine, sage(cot))"
+# The SSR family runs one refinement on at most 3 sub-questions (8 by default, our
+# cap, not the paper's): with structured steps its decompositions parse, so every
+# round re-solves every step (about 3x the free-text tokens, docs/results.md), and a
+# decomposition's cap rises to its schema's longest text (8 steps: 2,347 characters).
+SSR_SPECS = ["ssr(max_iter=0, max_steps=3)", "ssr_ada(max_iter=0, max_steps=3)",
+             "ssr_plan(max_iter=0, max_steps=3)"]
+# SAGE's plan is sized for 100 tokens (300 by default): a plan that fills its strings
+# with filler runs to the schema's longest text, 1,299 characters at 300, on the
+# test's critical path.
+SAGE = "sage(cot, plan_tokens=100)"
+DEI = f"dei(ssr(max_iter=0, max_steps=3), critique_refine, {SAGE})"
 SPECS = ["cot", "sc(cot, n=4)", "best_of_n(cot, n=4)", "critique_refine", *SSR_SPECS,
-         "sage(cot)", DEI]
+         SAGE, DEI]
 
 
 async def test_every_strategy_completes_on_2_gsm8k_problems(vllm_backend, tmp_path):
@@ -30,11 +38,11 @@ async def test_every_strategy_completes_on_2_gsm8k_problems(vllm_backend, tmp_pa
         assert all(len(t.events) >= t.usage.calls for t in r.written), r.spec
     by_spec = {spec: r.traces for spec, r in runs.items()}
     # Refiners really refine: more calls per task than a single CoT sample.
-    for spec in ("critique_refine", "ssr(max_iter=0)", "sage(cot)", DEI):
+    for spec in ("critique_refine", SSR_SPECS[0], SAGE, DEI):
         assert min(t.usage.calls for t in by_spec[spec]) >= 2, spec
     # On vLLM the parsed steps run constrained: a sample that does not parse can only
     # be one cut by this test's 128-token cap, never a finished one in another shape.
-    events = [e for t in by_spec["ssr(max_iter=0)"] for e in t.events if "parse" in e.data]
+    events = [e for t in by_spec[SSR_SPECS[0]] for e in t.events if "parse" in e.data]
     assert events and all(e.data["parse"]["structured"] for e in events)
     samples = [(ok, c.finish_reason) for e in events
                for ok, c in zip(e.data["parse"]["parsed"], e.completions, strict=True)]
