@@ -283,6 +283,12 @@ def _upstream_error(exc: openai.APIConnectionError | openai.APIStatusError, mode
     return cls(f"upstream answered {exc.status_code} {why_stopped}: {exc.message}")
 
 
+def upstream_for(affinity: str, upstreams: int) -> int:
+    """The index of the upstream that every call with ``affinity`` goes to first: the
+    same in every process (a server replica, a client), since it hashes the text."""
+    return zlib.crc32(affinity.encode()) % upstreams
+
+
 class OpenAIBackend:
     """Backend over the ``openai`` SDK. ``served_model`` is the upstream model id."""
 
@@ -434,7 +440,7 @@ class OpenAIBackend:
     def _first_upstream(self, affinity: str | None) -> int:
         if affinity is None:
             return next(self._next)
-        return zlib.crc32(affinity.encode()) % len(self.clients)
+        return upstream_for(affinity, len(self.clients))
 
     async def _call(self, fn, affinity: str | None = None):
         """Run ``fn(client)`` under the concurrency cap with the retry policy, on the

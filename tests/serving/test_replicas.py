@@ -13,13 +13,13 @@ in a replica.
 from __future__ import annotations
 
 import asyncio
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import openai
 import pytest
 
+from refinery.engine.backends.openai import upstream_for
 from refinery.engine.types import Message
 from refinery.serving import ServerConfig, create_app
 from tests.e2e.conftest import start_server
@@ -75,7 +75,7 @@ async def test_two_replicas_share_an_upstream_pool_and_keep_a_request_together(
         # A request's calls carry its id as their affinity, so its upstream is known
         # in advance: all of them go there, none to the other. (Which upstreams serve
         # is the ids' luck: 10 random ids all land on one 2 times in 1,024.)
-        chosen = [zlib.crc32(a.id.encode()) % len(pool) for a in answers]
+        chosen = [upstream_for(a.id, len(pool)) for a in answers]
         for q, up in zip(questions, chosen, strict=True):
             calls = [sum(q in p for p in b.prompts) for b in pool]
             assert calls[up] >= 2 and calls[1 - up] == 0, (q, up, calls)
