@@ -261,7 +261,7 @@ async def solve_recorded(strategy: Solver, task: Task, backend: Backend, *,
 async def iter_run(strategy: Solver, tasks: Sequence[Task], backend: Backend, *,
                    concurrency: int = 64, trace_writer: TraceWriter | None = None,
                    on_error: OnError = "record", golds: Mapping[str, str | None] | None = None,
-                   **kwargs: Any) -> AsyncIterator[Trace]:
+                   stop: asyncio.Event | None = None, **kwargs: Any) -> AsyncIterator[Trace]:
     """Yield each task's Trace as it finishes (completion order).
 
     ``golds`` maps task ids to gold answers, recorded in the traces (see :func:`solve_one`).
@@ -269,11 +269,16 @@ async def iter_run(strategy: Solver, tasks: Sequence[Task], backend: Backend, *,
     ``on_error="record"`` turns a failed task into a Trace with ``error`` set
     (the run goes on; ``trace.exception`` is the error); ``"raise"`` propagates
     the first failure.
+
+    Once ``stop`` is set, no further task starts: the ones in flight finish and
+    are yielded, the others are not (a drain, for a run that will be resumed).
     """
     sem = asyncio.Semaphore(concurrency)
 
-    async def one(task: Task) -> Trace:
+    async def one(task: Task) -> Trace | None:
         async with sem:
+            if stop is not None and stop.is_set():
+                return None
             gold = golds.get(task.id) if golds else None
             if on_error == "raise":
                 trace = await solve_one(strategy, task, backend, gold=gold, **kwargs)
@@ -286,7 +291,9 @@ async def iter_run(strategy: Solver, tasks: Sequence[Task], backend: Backend, *,
     pending = [asyncio.ensure_future(one(t)) for t in tasks]
     try:
         for fut in asyncio.as_completed(pending):
-            yield await fut
+            trace = await fut
+            if trace is not None:
+                yield trace
     finally:
         for p in pending:
             p.cancel()

@@ -3,7 +3,9 @@
 The lead mounts :data:`eval_app` as ``refinery eval``. A refinery error prints
 one line and exits 2 when the caller asked for something wrong (bad dataset,
 bad spec, a run directory holding another run), 1 when the engine or backend
-failed; Ctrl-C exits 130 and the run resumes when rerun.
+failed. The first Ctrl-C drains the run (no new problem starts; the ones in
+flight finish and are recorded), a second stops it at once, as SIGTERM does;
+either way it exits 130 and the run resumes when rerun.
 
 Example:
     $ refinery eval run --dataset arith --strategy "sc(cot, n=4)" --limit 50 --out runs/sc4
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from enum import Enum
+from typing import TYPE_CHECKING, Any
 
 import typer
 from pydantic import ValidationError
@@ -24,6 +28,9 @@ from refinery.engine.console import INTERRUPTED, USAGE, fail
 from refinery.engine.errors import RefineryError
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.eval.ray_pool import RayOptions
+
+if TYPE_CHECKING:
+    from refinery.eval.runner import EvalConfig, RunSummary
 
 __all__ = ["eval_app"]
 
@@ -89,7 +96,7 @@ def run_cmd(
     # vLLM logs every engine detail; a benchmark user wants the progress bar.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     from refinery.eval.datasets import parse_fields
-    from refinery.eval.runner import EvalConfig, run_eval
+    from refinery.eval.runner import EvalConfig
 
     try:
         config = EvalConfig(
@@ -102,13 +109,13 @@ def run_cmd(
             base_url=list(base_url or []), dtype=dtype,
             ray=_ray_options(ray, ray_address, replicas, cpus_per_replica, gpus_per_replica,
                              tensor_parallel_size))
-        summary = asyncio.run(run_eval(config, force=force, retry_errors=retry_errors,
-                                       progress=progress))
+        summary, drained = asyncio.run(_drain_on_interrupt(
+            config, force=force, retry_errors=retry_errors, progress=progress))
     except RefineryError as exc:
         fail(exc)
     except ValidationError as exc:
         fail(f"bad option: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}", USAGE)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         fail(f"interrupted; finished problems are in {out}; rerun the same command to "
              "resume", INTERRUPTED)
     c = summary.cost
@@ -117,6 +124,38 @@ def run_cmd(
                f"accuracy {summary.accuracy}  tokens/problem {c.tokens:.0f}  "
                f"calls/problem {c.calls:.2f}  latency {c.latency_seconds:.2f}s  "
                f"this session {summary.seconds:.1f}s")
+    if drained and summary.done < summary.total:
+        fail(f"interrupted after the problems in flight; finished problems are in {out}; "
+             "rerun the same command to resume", INTERRUPTED)
+
+
+async def _drain_on_interrupt(config: EvalConfig, **kwargs: Any) -> tuple[RunSummary, bool]:
+    """``run_eval`` with Ctrl-C as a drain; returns its summary and whether it drained.
+
+    The first SIGINT starts no new problem and lets the ones in flight finish, so
+    their work is kept; a second cancels the run (``CancelledError``), which closes
+    the engine as SIGTERM does. A process started with SIGINT ignored (a background
+    job) keeps it ignored.
+    """
+    from refinery.eval.runner import run_eval
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        return await run_eval(config, **kwargs), False
+    stop, loop, main = asyncio.Event(), asyncio.get_running_loop(), asyncio.current_task()
+
+    def interrupt() -> None:
+        if stop.is_set() and main is not None:
+            main.cancel()
+            return
+        stop.set()
+        typer.secho("interrupted: finishing the problems in flight (Ctrl-C again stops "
+                    "now)", fg="yellow", err=True)
+
+    loop.add_signal_handler(signal.SIGINT, interrupt)
+    try:
+        return await run_eval(config, stop=stop, **kwargs), stop.is_set()
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
 
 
 def _ray_options(on: bool, address: str | None, replicas: int, cpus: float, gpus: float,

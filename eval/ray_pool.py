@@ -273,12 +273,20 @@ class _Board:
     results: asyncio.Queue[Trace]
     golds: Mapping[str, str | None]
     undelivered: int
+    stop: asyncio.Event | None = None  # set: start nothing more (a drain)
+
+    def drop_waiting(self) -> None:
+        """Once ``stop`` is set, forget the tasks no actor has taken yet."""
+        if self.stop is not None and self.stop.is_set() and self.queue:
+            self.undelivered -= len(self.queue)
+            self.queue.clear()
 
 
 async def _feed(ray: Any, rep: _Replica, board: _Board) -> None:
     """Hand ``rep`` one task at a time until every result is in or it dies."""
     lost = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
     while rep.alive and board.undelivered > 0:
+        board.drop_waiting()
         if not board.queue:  # a dying actor may still hand work back
             await asyncio.sleep(_IDLE_POLL)
             continue
@@ -299,12 +307,15 @@ async def _feed(ray: Any, rep: _Replica, board: _Board) -> None:
         board.results.put_nowait(done.trace())
 
 
-async def _next_result(board: _Board, replicas: Sequence[_Replica]) -> Trace:
-    """The next finished trace; once no actor is left, a failed one that stops the run."""
+async def _next_result(board: _Board, replicas: Sequence[_Replica]) -> Trace | None:
+    """The next finished trace; once no actor is left, a failed one that stops the run;
+    None once a drain has left nothing to wait for."""
     while True:
         try:
             return await asyncio.wait_for(board.results.get(), 0.5)
         except TimeoutError:
+            if board.undelivered <= 0:  # drained: what was in flight is all in
+                return None
             if any(r.alive for r in replicas) or not board.results.empty():
                 continue
         task = board.queue[0]
@@ -316,11 +327,13 @@ async def _next_result(board: _Board, replicas: Sequence[_Replica]) -> Trace:
 
 async def iter_ray_run(options: RayOptions, work: Work, tasks: Sequence[Task], *,
                        concurrency: int = 64, trace_writer: TraceWriter | None = None,
-                       golds: Mapping[str, str | None] | None = None) -> AsyncIterator[Trace]:
+                       golds: Mapping[str, str | None] | None = None,
+                       stop: asyncio.Event | None = None) -> AsyncIterator[Trace]:
     """Yield each task's Trace as it finishes, solved on ``options.replicas`` Ray actors.
 
     The Ray counterpart of :func:`refinery.engine.run.iter_run`: the same traces
-    (written here, by the one driver), ``concurrency`` tasks in flight per actor.
+    (written here, by the one driver), ``concurrency`` tasks in flight per actor,
+    and the same drain once ``stop`` is set.
 
     Raises:
         InvalidRequestError: Ray is not installed, or the actors do not fit the cluster.
@@ -337,11 +350,13 @@ async def iter_ray_run(options: RayOptions, work: Work, tasks: Sequence[Task], *
         ready = time.monotonic() - t0
         log.info("%d Ray actors ready in %.1f s", len(replicas), ready,
                  extra={"ready_seconds": ready})
-        board = _Board(deque(tasks), asyncio.Queue(), golds or {}, len(tasks))
+        board = _Board(deque(tasks), asyncio.Queue(), golds or {}, len(tasks), stop)
         feeders = [asyncio.create_task(_feed(ray, r, board))
                    for r in replicas for _ in range(concurrency)]
         while board.undelivered > 0:
             trace = await _next_result(board, replicas)
+            if trace is None:
+                return
             if trace.exception is not None:  # no actor left: the caller stops the run
                 yield trace
                 return

@@ -385,9 +385,11 @@ def _progress(enabled: bool, total: int, done: int) -> Any:
 
 @contextlib.asynccontextmanager
 async def _traces(config: EvalConfig, strategy: Any, canonical: str, todo: Sequence[Example],
-                  backend: Backend | None, writer: TraceWriter) -> AsyncIterator[Any]:
+                  backend: Backend | None, writer: TraceWriter,
+                  stop: asyncio.Event | None = None) -> AsyncIterator[Any]:
     """The traces of ``todo`` as they finish: on Ray actors (``config.ray``), or on
-    ``backend`` (default: the one the config names, started here, closed after)."""
+    ``backend`` (default: the one the config names, started here, closed after);
+    once ``stop`` is set, only those of the problems already started."""
     tasks, golds = [e.to_task() for e in todo], {e.id: e.gold for e in todo}
     if config.ray is not None:
         if backend is not None:
@@ -397,7 +399,7 @@ async def _traces(config: EvalConfig, strategy: Any, canonical: str, todo: Seque
         work = Work(canonical, backend_spec(config), config.sampling(), config.budget(),
                     config.loop_policy)
         stream = iter_ray_run(config.ray, work, tasks, concurrency=config.concurrency,
-                              trace_writer=writer, golds=golds)
+                              trace_writer=writer, golds=golds, stop=stop)
     else:
         own = backend is None
         backend = backend or await make_backend(backend_spec(config))
@@ -405,7 +407,7 @@ async def _traces(config: EvalConfig, strategy: Any, canonical: str, todo: Seque
                           trace_writer=writer, spec=canonical, params=config.sampling(),
                           golds=golds, budget=config.budget(),
                           loop_detector=CusumLoopDetector(),  # unused when "off"
-                          loop_policy=config.loop_policy)
+                          loop_policy=config.loop_policy, stop=stop)
     try:
         yield stream
     finally:
@@ -420,12 +422,15 @@ async def _traces(config: EvalConfig, strategy: Any, canonical: str, todo: Seque
 async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
                    examples: Sequence[Example] | None = None, force: bool = False,
                    retry_errors: bool = False, progress: bool = True,
-                   on_result: Callable[[dict[str, Any]], None] | None = None) -> RunSummary:
+                   on_result: Callable[[dict[str, Any]], None] | None = None,
+                   stop: asyncio.Event | None = None) -> RunSummary:
     """Run (or resume) ``config``; return where the run stands.
 
     ``backend`` defaults to the one the config names (started here and closed at the
     end); ``examples`` overrides the dataset (tests). ``retry_errors`` re-runs
     problems recorded with an error (their old lines are removed first, atomically).
+    Setting ``stop`` drains the run: no new problem starts, the ones in flight
+    finish and are recorded, and the summary counts what is done (rerun to resume).
 
     Raises:
         DatasetError, SpecError, BudgetError: bad dataset or strategy (before any model work).
@@ -444,7 +449,7 @@ async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
     if todo:
         run = _Session(config, canonical, examples, current, progress, on_result)
         async with _traces(config, strategy, canonical, todo, backend,
-                           TraceWriter(out / TRACES)) as stream:
+                           TraceWriter(out / TRACES), stop) as stream:
             await run.consume(stream, out / RESULTS)
     return RunSummary(out=str(out), total=len(examples), done=len(current),
                       ran=len(current) - len(done), skipped=len(done),

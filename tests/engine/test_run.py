@@ -3,6 +3,7 @@ answer's own sample (with its logprobs) is found in the trace."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -13,6 +14,7 @@ from refinery.engine.errors import BudgetExhausted
 from refinery.engine.run import (
     answer_completion,
     format_instruction,
+    iter_run,
     reasoning_tokens,
     solve_choices,
     solve_one,
@@ -140,3 +142,19 @@ async def test_an_edited_answer_makes_every_token_reasoning():
     [trace] = await solve_choices(SelfConsistency(CoT(), n=3), task(), backend)
     trace.attempt = trace.attempt.model_copy(update={"text": "composed from the samples"})
     assert reasoning_tokens([trace], trace.usage) == 9
+
+
+
+
+async def test_a_set_stop_lets_the_tasks_in_flight_finish_and_starts_no_other():
+    stop = asyncio.Event()
+
+    def reply(messages, params, i) -> str:
+        stop.set()  # at the first call, while three tasks are in flight
+        return SOLUTION
+
+    backend = ScriptedBackend([(r".*", reply)], delay=0.01)
+    tasks = [Task.from_prompt(f"Question {i}?", id=f"t{i}") for i in range(8)]
+    got = [t async for t in iter_run(CoT(), tasks, backend, concurrency=3, stop=stop)]
+    assert sorted(t.task_id for t in got) == ["t0", "t1", "t2"] and len(backend.calls) == 3
+    assert all(t.error is None and t.attempt.answer == "14" for t in got)

@@ -1,13 +1,21 @@
-"""``refinery eval``: errors are one line and exit code 2 (no traceback); report prints."""
+"""``refinery eval``: errors are one line and exit code 2 (no traceback); report prints;
+Ctrl-C drains a run, a second Ctrl-C stops it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
 
+import pytest
 from typer.testing import CliRunner
 
-from refinery.eval.cli import eval_app
+from refinery.eval.cli import _drain_on_interrupt, eval_app
+from refinery.eval.runner import RESULTS, read_results, run_eval
+from tests.eval._resume_worker import backend, config
 from tests.eval.test_report import make_run
+from tests.eval.test_runner import first_call_does
 
 runner = CliRunner()
 
@@ -52,3 +60,31 @@ def test_report_command(tmp_path) -> None:
     assert (tmp_path / "docs" / "img" / "x-arith-pareto.png").exists()
     res, text = run("report", str(tmp_path), "--out", str(tmp_path / "docs"))
     assert res.exit_code == 2 and "not a run directory" in text
+
+
+def ctrl_c(times: int):
+    def press() -> None:
+        for _ in range(times):
+            os.kill(os.getpid(), signal.SIGINT)
+    return press
+
+
+async def test_first_ctrl_c_finishes_the_problems_in_flight(tmp_path) -> None:
+    out = str(tmp_path / "run")
+    summary, drained = await asyncio.create_task(_drain_on_interrupt(
+        config(out, 10), backend=first_call_does(ctrl_c(1)), progress=False))
+    assert drained and (summary.done, summary.total) == (4, 10)  # concurrency 4
+    assert len(read_results(tmp_path / "run" / RESULTS)) == 4
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler removed
+
+
+async def test_a_second_ctrl_c_stops_at_once_and_the_rerun_finishes(tmp_path) -> None:
+    out = str(tmp_path / "run")
+    run = asyncio.create_task(_drain_on_interrupt(
+        config(out, 10), backend=first_call_does(ctrl_c(2)), progress=False))
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert len(read_results(tmp_path / "run" / RESULTS)) < 4
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    again = await run_eval(config(out, 10), backend=backend(0), progress=False)
+    assert again.done == 10 and len(read_results(tmp_path / "run" / RESULTS)) == 10

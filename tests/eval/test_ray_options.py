@@ -1,14 +1,19 @@
-"""Ray options without a cluster: CPU shares, the CLI's checks, and no Ray import."""
+"""Ray options without a cluster: CPU shares, the CLI's checks, no Ray import, and the
+driver's drain."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
+from collections import deque
 
 from typer.testing import CliRunner
 
+from refinery.engine.trace import Trace
+from refinery.engine.types import Task
 from refinery.eval.cli import eval_app
-from refinery.eval.ray_pool import Placement, split_cpus
+from refinery.eval.ray_pool import Placement, _Board, _next_result, _Replica, split_cpus
 
 
 def test_engines_on_one_node_split_its_cpus_and_nodes_do_not_share():
@@ -43,3 +48,20 @@ def test_a_run_records_the_names_of_the_actors_env_never_the_values():
     rec = opts.recorded()
     assert rec["env"] == ["HF_TOKEN", "VLLM_CPU_KVCACHE_SPACE"] and rec["replicas"] == 3
     assert "hf_secret" not in str(rec)
+
+
+async def test_a_drain_forgets_the_waiting_tasks_and_ends_once_the_flight_is_in():
+    waiting = deque(Task.from_prompt(f"q{i}", id=f"t{i}") for i in range(3))
+    stop = asyncio.Event()
+    board = _Board(waiting, asyncio.Queue(), {}, 5, stop)  # 2 in flight, 3 waiting
+    alive = [_Replica(handle=None, pid=1)]
+    board.drop_waiting()
+    assert len(board.queue) == 3 and board.undelivered == 5  # no drain asked yet
+    stop.set()
+    board.drop_waiting()
+    assert not board.queue and board.undelivered == 2
+    for tid in ("a", "b"):  # the two in flight still arrive, in order
+        board.results.put_nowait(Trace(task_id=tid))
+        assert (await _next_result(board, alive)).task_id == tid
+        board.undelivered -= 1
+    assert await asyncio.wait_for(_next_result(board, alive), 10) is None  # nothing left

@@ -3,12 +3,14 @@ different run, backend death, strategy crashes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -212,6 +214,35 @@ async def test_strategy_crash_is_recorded_and_retry_errors_reruns_it(tmp_path) -
     rows = read_results(out / RESULTS)
     assert (s.ran, s.done) == (1, 6) and len(rows) == 6
     assert not any(r["error"] for r in rows)
+
+
+def first_call_does(action: Callable[[], None]) -> SlowBackend:
+    """Answers ``\\boxed{1}``; runs ``action`` at its first call, when the first 4
+    problems (the configured concurrency) are in flight."""
+
+    calls = []
+
+    def reply(messages, params, i):
+        calls.append(i)
+        if len(calls) == 1:
+            action()
+        return "\\boxed{1}"
+
+    return SlowBackend([(r".*", reply)], delay=0.01)
+
+
+async def test_a_drain_records_the_problems_in_flight_and_a_rerun_finishes(tmp_path) -> None:
+    out, stop = tmp_path / "run", asyncio.Event()
+    s = await run_eval(config(str(out), 10), backend=first_call_does(stop.set), progress=False,
+                       stop=stop)
+    assert (s.total, s.done, s.ran) == (10, 4, 4)
+    rows = read_results(out / RESULTS)
+    first4 = [e.id for e in load_arith(limit=10)[:4]]
+    assert sorted(r["id"] for r in rows) == sorted(first4) == sorted(trace_ids(out))
+    assert not any(r["error"] for r in rows)
+    again = await run_eval(config(str(out), 10), backend=backend(0), progress=False)
+    assert (again.ran, again.skipped, again.done) == (6, 4, 10)
+    assert sorted(trace_ids(out)) == sorted(e.id for e in load_arith(limit=10))
 
 
 def _worker(out: Path, n: int, delay: float) -> subprocess.Popen:

@@ -2,10 +2,12 @@
 
 The rerun then finishes the run and exits cleanly: no traceback from a vLLM engine
 freed at interpreter teardown (``AsyncLLM.__del__`` on emptied module globals).
+Ctrl-C (SIGINT) first drains: the problems in flight finish and are recorded.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -25,22 +27,33 @@ def _engine_children(proc: psutil.Process) -> list[psutil.Process]:
             c.name().startswith("VLLM")]
 
 
+ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def _command(out: Path) -> list[str]:
+    return [str(REFINERY), "eval", "run", "--dataset", "arith", "--limit", "64", "--strategy",
+            "cot", "--max-tokens", "64", "--out", str(out), "--no-progress"]
+
+
+def _start_and_wait_for_answers(cmd: list[str], results: Path) -> subprocess.Popen:
+    """Start ``cmd``; return once its engine runs and the first problems are answered."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=ENV,
+                            start_new_session=True)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        if results.exists() and results.stat().st_size > 0:
+            break
+        time.sleep(0.5)
+    assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+    return proc
+
+
 def test_sigterm_closes_the_engine_and_the_rerun_finishes_cleanly(tmp_path):
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    cmd = [str(REFINERY), "eval", "run", "--dataset", "arith", "--limit", "64", "--strategy",
-           "cot", "--max-tokens", "64", "--out", str(tmp_path / "run"), "--no-progress"]
-    proc = subprocess.Popen(cmd + ["--concurrency", "4"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    cmd = _command(tmp_path / "run")
+    results = tmp_path / "run" / "results.jsonl"
+    proc = _start_and_wait_for_answers(cmd + ["--concurrency", "4"], results)
     parent = psutil.Process(proc.pid)
     try:
-        # Wait until the engine runs and the first problems are answered.
-        results = tmp_path / "run" / "results.jsonl"
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None:
-            if results.exists() and results.stat().st_size > 0:
-                break
-            time.sleep(0.5)
-        assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
         engine = _engine_children(parent)
         assert engine, "no vLLM engine process found under the eval run"
         proc.send_signal(signal.SIGTERM)
@@ -56,11 +69,36 @@ def test_sigterm_closes_the_engine_and_the_rerun_finishes_cleanly(tmp_path):
 
         # Concurrency is not part of a run's identity: the rerun resumes with more.
         rerun = subprocess.run(cmd + ["--concurrency", "16"], capture_output=True, text=True,
-                               env=env, timeout=900)
+                               env=ENV, timeout=900)
         out = rerun.stdout + rerun.stderr
         assert rerun.returncode == 0, out[-2000:]
         assert f"64/64 problems ({64 - len(done)} run now, {len(done)} already done)" in out
         assert "Exception ignored" not in out and "Traceback" not in out, out[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_ctrl_c_drains_then_exits_130_with_every_started_problem_recorded(tmp_path):
+    results, traces = tmp_path / "run" / "results.jsonl", tmp_path / "run" / "traces.jsonl"
+    proc = _start_and_wait_for_answers(_command(tmp_path / "run") + ["--concurrency", "8"],
+                                       results)
+    try:
+        engine = _engine_children(psutil.Process(proc.pid))
+        assert engine, "no vLLM engine process found under the eval run"
+        proc.send_signal(signal.SIGINT)
+        out = proc.communicate(timeout=300)[0].decode()
+        assert proc.returncode == 130, out[-2000:]
+        assert "finishing the problems in flight" in out
+        assert "interrupted after the problems in flight" in out
+        assert "Traceback" not in out and "Exception ignored" not in out, out[-3000:]
+        gone, alive = psutil.wait_procs(engine, timeout=60)
+        assert not alive, [p.cmdline() for p in alive]
+        # Every line whole, and each recorded problem has its one trace.
+        rows = [json.loads(line) for line in results.read_text().splitlines()]
+        ids = [json.loads(line)["task_id"] for line in traces.read_text().splitlines()]
+        assert 0 < len(rows) < 64 and sorted(r["id"] for r in rows) == sorted(ids)
+        assert f"{len(rows)}/64 problems ({len(rows)} run now, 0 already done)" in out
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
