@@ -273,13 +273,7 @@ def validate(g: nx.DiGraph, registry: Registry, *, max_depth: int = DEFAULT_MAX_
         if depth > max_depth:
             raise SpecError(f"strategy spec nests deeper than {max_depth} levels "
                             f"(at {data['name']})", param="strategy")
-        entry = registry.get(data["name"])
-        if entry is None:
-            close = difflib.get_close_matches(data["name"], list(registry), n=1, cutoff=0.5)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            known = ", ".join(sorted({e.name for e in registry.values()}))
-            raise SpecError(f"unknown strategy {data['name']!r}{hint} (known: {known})",
-                            param="strategy")
+        entry = _entry(registry, data["name"])
         data.update(name=entry.name, entry=entry,
                     params=validate_params(entry.name, entry.params, data["kwargs"]))
         kids = children(g, nid)
@@ -304,6 +298,21 @@ def validate(g: nx.DiGraph, registry: Registry, *, max_depth: int = DEFAULT_MAX_
         raise BudgetError(f"strategy {to_spec(g)} may make up to {calls} model calls per "
                           f"task, above the limit of {max_calls}", param="strategy")
     return g
+
+
+def _entry(registry: Registry, name: str) -> StrategyEntry:
+    """The registry's entry for ``name`` (or an alias of it).
+
+    Raises:
+        SpecError: unknown name, with the closest known one and the list.
+    """
+    entry = registry.get(name)
+    if entry is None:
+        close = difflib.get_close_matches(name, list(registry), n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        known = ", ".join(sorted({e.name for e in registry.values()}))
+        raise SpecError(f"unknown strategy {name!r}{hint} (known: {known})", param="strategy")
+    return entry
 
 
 def _graft(g: nx.DiGraph, parent: str, sub: nx.DiGraph, order: int,
