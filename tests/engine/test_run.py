@@ -144,8 +144,6 @@ async def test_an_edited_answer_makes_every_token_reasoning():
     assert reasoning_tokens([trace], trace.usage) == 9
 
 
-
-
 async def test_a_set_stop_lets_the_tasks_in_flight_finish_and_starts_no_other():
     stop = asyncio.Event()
 
