@@ -56,6 +56,8 @@ def run_cmd(
     out: str = typer.Option(..., help="run directory (rerun the same command to resume)"),
     model: str = typer.Option(DEFAULT_MODEL, help="registered name, local dir or hub id"),
     limit: int = typer.Option(None, min=0, help="first N problems (arith: N generated)"),
+    skip: int = typer.Option(0, min=0, help="leave out the first N problems, to split a run "
+                             "into shards (--skip 100 --limit 100: problems 101-200)"),
     split: SplitKind = typer.Option(SplitKind.test),
     data_path: str = typer.Option(None, help="local JSONL (file or dir) for gsm8k / math500"),
     field: list[str] = typer.Option(None, help="custom JSONL mapping, e.g. prompt=question"),
@@ -100,7 +102,7 @@ def run_cmd(
 
     try:
         config = EvalConfig(
-            dataset=dataset, strategy=strategy, out=out, model=model, limit=limit,
+            dataset=dataset, strategy=strategy, out=out, model=model, limit=limit, skip=skip,
             split=split.value, data_path=data_path, fields=parse_fields(field or None),
             verifier=verifier, seed=seed, levels=list(level) if level else None,
             temperature=temperature, top_p=top_p, max_tokens=max_tokens, max_calls=max_calls,

@@ -110,6 +110,8 @@ class EvalConfig(BaseModel):
     model: str = DEFAULT_MODEL
     split: Split = "test"
     limit: int | None = Field(None, ge=0)
+    skip: int = Field(0, ge=0, description="leave out the first N problems (a shard of a "
+                      "longer run: skip=100, limit=100 is problems 101-200)")
     data_path: str | None = None
     fields: dict[str, str] = Field(default_factory=dict)
     verifier: str | None = None
@@ -142,7 +144,9 @@ class EvalConfig(BaseModel):
 
     def identity(self, canonical_spec: str, fingerprint: str, n_problems: int) -> dict[str, Any]:
         """The settings a resumed run must share (not: concurrency, backend, URLs, paths)."""
-        return {
+        # ``skip`` only when set, so run directories made before it existed still resume.
+        shard = {"skip": self.skip} if self.skip else {}
+        return shard | {
             "dataset": self.dataset, "split": self.split, "limit": self.limit,
             "fields": dict(sorted(self.fields.items())), "verifier": self.verifier,
             "seed": self.seed, "levels": self.levels, "strategy": canonical_spec,
@@ -458,11 +462,15 @@ async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
 
 
 def _examples(config: EvalConfig, given: Sequence[Example] | None) -> list[Example]:
-    """The run's problems (``given``, or the configured dataset), ids checked unique."""
-    examples = list(given) if given is not None else load_dataset(
-        config.dataset, split=config.split, limit=config.limit, data_path=config.data_path,
-        fields=config.fields or None, verifier=config.verifier, seed=config.seed,
-        levels=config.levels)
+    """The run's problems (``given``, or the configured dataset, its first ``skip`` left
+    out), ids checked unique."""
+    end = None if config.limit is None else config.skip + config.limit
+    if given is None:
+        given = load_dataset(
+            config.dataset, split=config.split, limit=end, data_path=config.data_path,
+            fields=config.fields or None, verifier=config.verifier, seed=config.seed,
+            levels=config.levels)
+    examples = list(given)[config.skip:end]
     ids = [e.id for e in examples]
     if len(set(ids)) != len(ids):
         raise InvalidRequestError("the dataset has duplicate problem ids")
@@ -478,6 +486,7 @@ def _record(config: EvalConfig, canonical: str, graph: nx.DiGraph,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "identity": config.identity(canonical, fingerprint, len(examples)),
         "dataset": {"name": config.dataset, "split": config.split, "limit": config.limit,
+                    "skip": config.skip,
                     "data_path": config.data_path, "fields": config.fields,
                     "verifier": config.verifier, "seed": config.seed, "levels": config.levels,
                     "n_problems": len(examples), "fingerprint": fingerprint,

@@ -41,6 +41,9 @@ def test_bad_dataset_and_bad_spec_exit_2_without_traceback(tmp_path) -> None:
     res, text = run("run", "--dataset", "arith", "--strategy", "cot", "--out", out,
                     "--backend", "openai")
     assert res.exit_code == 2 and "--base-url" in text
+    res, text = run("run", "--dataset", "arith", "--strategy", "cot", "--out", out,
+                    "--skip", "-1")
+    assert res.exit_code == 2 and "--skip" in text and "Traceback" not in text
 
 
 def test_resuming_into_a_different_run_exits_2(tmp_path) -> None:

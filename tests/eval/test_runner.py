@@ -129,6 +129,26 @@ async def test_a_different_run_is_refused_unless_forced(tmp_path) -> None:
                        backend=backend(0), progress=False)
 
 
+async def test_shards_made_with_skip_are_the_whole_run_in_pieces(tmp_path) -> None:
+    whole = [e.id for e in load_arith(limit=10)]
+    a = await run_eval(config(str(tmp_path / "a"), 4), backend=solver({1, 2}, 10),
+                       progress=False)
+    b_cfg = config(str(tmp_path / "b"), 6).model_copy(update={"skip": 4})
+    b = await run_eval(b_cfg, backend=solver({1, 2}, 10), progress=False)
+    ids = [r["id"] for r in read_results(tmp_path / "a" / RESULTS)]
+    later = [r["id"] for r in read_results(tmp_path / "b" / RESULTS)]
+    assert sorted(ids) == sorted(whole[:4]) and sorted(later) == sorted(whole[4:])
+    # levels 1 and 2 of 1-5 interleaved: problems 1, 2 in the first shard; 6, 7 in the second
+    assert (a.accuracy.correct, b.accuracy.correct, b.total) == (2, 2, 6)
+    recorded = json.loads((tmp_path / "b" / CONFIG).read_text())
+    assert recorded["identity"]["skip"] == 4 and recorded["dataset"]["skip"] == 4
+    # a run without a skip records none, so directories made before it still resume
+    assert "skip" not in json.loads((tmp_path / "a" / CONFIG).read_text())["identity"]
+    with pytest.raises(ConfigMismatchError, match="skip"):
+        await run_eval(b_cfg.model_copy(update={"skip": 3}), backend=backend(0),
+                       progress=False)
+
+
 class MonitorRecorder(SlowBackend):
     """Records the loop monitor each call was given."""
 
