@@ -462,8 +462,8 @@ async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
 
 
 def _examples(config: EvalConfig, given: Sequence[Example] | None) -> list[Example]:
-    """The run's problems (``given``, or the configured dataset, its first ``skip`` left
-    out), ids checked unique."""
+    """The run's problems: ``given`` or the configured dataset, cut to
+    ``[skip:skip + limit]`` (a loader's ``limit`` is a prefix); ids checked unique."""
     end = None if config.limit is None else config.skip + config.limit
     if given is None:
         given = load_dataset(
