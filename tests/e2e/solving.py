@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,11 +35,12 @@ class SpecRun:
     spec: str
     traces: list[Trace]
     written: list[Trace]
+    seconds: float  # from the common start to this spec's last answer
 
     def line(self) -> str:
         calls = sum(t.usage.calls for t in self.traces)
         tokens = sum(t.usage.total_tokens for t in self.traces)
-        return f"{self.spec}: calls={calls} tokens={tokens}"
+        return f"{self.spec}: calls={calls} tokens={tokens} done after {self.seconds:.0f}s"
 
 
 async def run_specs(specs: list[str], tasks: list[Task], backend: Backend, out: Path, *,
@@ -46,6 +48,7 @@ async def run_specs(specs: list[str], tasks: list[Task], backend: Backend, out: 
     """Every spec on every task, at once; each run checked: no error, an attempt and
     usage per task, and its trace file holding every task again."""
     params = SamplingParams(temperature=0.7, max_tokens=max_tokens)
+    start = time.monotonic()
 
     async def one(i: int, spec: str) -> SpecRun:
         strategy, _ = build_with_graph(spec)
@@ -53,7 +56,7 @@ async def run_specs(specs: list[str], tasks: list[Task], backend: Backend, out: 
         traces = await run(strategy, tasks, backend, concurrency=len(tasks), params=params,
                            trace_writer=writer, spec=spec, loop_detector=CusumLoopDetector(),
                            on_error="raise")
-        return SpecRun(spec, traces, read_traces(writer.path))
+        return SpecRun(spec, traces, read_traces(writer.path), time.monotonic() - start)
 
     runs = await asyncio.gather(*(one(i, s) for i, s in enumerate(specs)))
     for r in runs:

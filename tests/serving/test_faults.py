@@ -2,11 +2,12 @@
 
 Everything is real: ``refinery serve`` and vLLM's own OpenAI server run as
 subprocesses on 127.0.0.1 over the embedded model, faults are real signals
-(SIGKILL of the engine core process or of the upstream server, SIGTERM of the
-server), and requests go through the official ``openai`` SDK or raw SSE over
-httpx. Every request is classified; a request that ends in anything but a
-full answer or a well-formed OpenAI error (a 503 body, or an error chunk
-followed by ``data: [DONE]``) counts as lost, and lost must be 0.
+(SIGKILL of the engine core process or of the process holding the upstream's
+endpoint, SIGTERM of the server), and requests go through the official
+``openai`` SDK or raw SSE over httpx. Every request is classified; a request
+that ends in anything but a full answer or a well-formed OpenAI error (a 503
+body, or an error chunk followed by ``data: [DONE]``) counts as lost, and lost
+must be 0.
 
 Each engine start costs ~45-100 s on this machine, so one server is reused
 where the fault allows it (the restarted server also serves the SIGTERM test).
@@ -102,13 +103,6 @@ def refinery_serve(tmp: Path, *extra: str) -> Served:
     port = free_port()
     return Served([str(BIN / "refinery"), "serve", "--port", str(port), "--model", MODEL,
                    *extra], tmp / f"refinery-{port}.log", port)
-
-
-def vllm_upstream(tmp: Path, model_path: str, port: int) -> Served:
-    return Served([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                   model_path, "--served-model-name", MODEL, "--host", "127.0.0.1", "--port",
-                   str(port), "--enforce-eager", "--max-model-len", "2048",
-                   "--disable-log-stats"], tmp / f"vllm-{port}.log", port)
 
 
 def health(url: str) -> int | None:
@@ -335,13 +329,29 @@ def test_engine_death_exit_policy_exits_cleanly(tmp_path):
         srv.stop()
 
 
-def test_openai_upstream_stopped_then_back(tmp_path, model_path):
-    """--backend openai over vLLM's own server: the upstream is SIGKILLed mid-request."""
+def upstream_endpoint(port: int, target_port: int) -> subprocess.Popen:
+    """A forwarder on ``port`` to vLLM's server: the upstream's endpoint, cheap to kill
+    and to bring back (tests/serving/tcp_forwarder.py)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tests.serving.tcp_forwarder", str(port),
+                             str(target_port)], stdout=subprocess.PIPE,
+                            cwd=Path(__file__).parents[2], start_new_session=True)
+    assert proc.stdout.readline() == b"listening\n"
+    return proc
+
+
+def test_openai_upstream_stopped_then_back(tmp_path, vllm_server):
+    """--backend openai over vLLM's own server: the upstream is SIGKILLed mid-request.
+
+    The upstream's endpoint is a forwarder process in front of the session's vLLM
+    server; the SIGKILL hits it, so refinery sees what an upstream's death looks like
+    on the wire (every connection closed mid-answer, then refused) and the upstream
+    comes back without another engine start.
+    """
     up_port = free_port()
-    upstream = vllm_upstream(tmp_path, model_path, up_port)
+    vllm_port = int(vllm_server.rsplit(":", 1)[1].split("/")[0])
+    upstream = upstream_endpoint(up_port, vllm_port)
     srv = None
     try:
-        upstream.wait_ready()
         srv = refinery_serve(tmp_path, "--backend", "openai", "--base-url",
                              f"http://127.0.0.1:{up_port}/v1")
         srv.wait_ready()
@@ -349,8 +359,8 @@ def test_openai_upstream_stopped_then_back(tmp_path, model_path):
         load.start(n_plain=2, n_stream=2, max_tokens=400)
         load.wait_streaming()
         wait_until(lambda: in_flight(srv.url) >= 4, 120, "4 requests in flight")
-        os.killpg(upstream.proc.pid, signal.SIGKILL)
-        upstream.proc.wait(30)
+        os.killpg(upstream.pid, signal.SIGKILL)
+        upstream.wait(30)
         counts = load.join()
         report("upstream killed", counts, load)
         assert counts["lost"] == 0, load.outcomes
@@ -363,8 +373,7 @@ def test_openai_upstream_stopped_then_back(tmp_path, model_path):
             refused.chat.completions.create(model=MODEL, messages=SHORT, max_tokens=8)
         assert err.value.status_code == 503
 
-        upstream = vllm_upstream(tmp_path, model_path, up_port)  # it comes back
-        upstream.wait_ready()
+        upstream = upstream_endpoint(up_port, vllm_port)  # it comes back
         srv.wait_ready(timeout=60)  # /health probes the upstream again
         r2 = refused.chat.completions.create(model=MODEL, messages=SHORT, max_tokens=16,
                                              temperature=0)
@@ -373,4 +382,6 @@ def test_openai_upstream_stopped_then_back(tmp_path, model_path):
     finally:
         if srv is not None:
             srv.stop()
-        upstream.stop()
+        if upstream.poll() is None:
+            os.killpg(upstream.pid, signal.SIGKILL)
+            upstream.wait(30)

@@ -43,7 +43,7 @@ from tests.verifiers.test_verifiers_hostile import (
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
-PASSES = int(os.environ.get("REFINERY_SOAK_PASSES", repeat(20, 100)))
+PASSES = int(os.environ.get("REFINERY_SOAK_PASSES", repeat(10, 100)))
 # A uid range of its own (the hostile test uses 61000-63047), so a check for strays
 # cannot be confused by another suite's live runs.
 CONFIG = SandboxConfig(wall_timeout=20, cpu_seconds=1, memory_mb=256, max_processes=16,
