@@ -40,7 +40,6 @@ async def main(listen_port: int, target_port: int) -> None:
     server = await asyncio.start_server(
         lambda r, w: _forward(target_port, r, w), "127.0.0.1", listen_port,
         reuse_address=True)
-    print("listening", flush=True)  # the parent waits for this line
     async with server:
         await server.serve_forever()
 

@@ -24,6 +24,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -329,14 +330,14 @@ def test_engine_death_exit_policy_exits_cleanly(tmp_path):
         srv.stop()
 
 
-def upstream_endpoint(port: int, target_port: int) -> subprocess.Popen:
+def upstream_endpoint(tmp: Path, port: int, target_port: int) -> Served:
     """A forwarder on ``port`` to vLLM's server: the upstream's endpoint, cheap to kill
-    and to bring back (tests/serving/tcp_forwarder.py)."""
-    proc = subprocess.Popen([sys.executable, "-m", "tests.serving.tcp_forwarder", str(port),
-                             str(target_port)], stdout=subprocess.PIPE,
-                            cwd=Path(__file__).parents[2], start_new_session=True)
-    assert proc.stdout.readline() == b"listening\n"
-    return proc
+    and to bring back (tests/serving/tcp_forwarder.py). Ready once vLLM's /health
+    answers through it."""
+    srv = Served([sys.executable, "-m", "tests.serving.tcp_forwarder", str(port),
+                  str(target_port)], tmp / f"forwarder-{port}.log", port)
+    srv.wait_ready(timeout=60)
+    return srv
 
 
 def test_openai_upstream_stopped_then_back(tmp_path, vllm_server):
@@ -348,8 +349,8 @@ def test_openai_upstream_stopped_then_back(tmp_path, vllm_server):
     comes back without another engine start.
     """
     up_port = free_port()
-    vllm_port = int(vllm_server.rsplit(":", 1)[1].split("/")[0])
-    upstream = upstream_endpoint(up_port, vllm_port)
+    vllm_port = urlsplit(vllm_server).port
+    upstream = upstream_endpoint(tmp_path, up_port, vllm_port)
     srv = None
     try:
         srv = refinery_serve(tmp_path, "--backend", "openai", "--base-url",
@@ -359,8 +360,8 @@ def test_openai_upstream_stopped_then_back(tmp_path, vllm_server):
         load.start(n_plain=2, n_stream=2, max_tokens=400)
         load.wait_streaming()
         wait_until(lambda: in_flight(srv.url) >= 4, 120, "4 requests in flight")
-        os.killpg(upstream.pid, signal.SIGKILL)
-        upstream.wait(30)
+        os.killpg(upstream.proc.pid, signal.SIGKILL)
+        upstream.proc.wait(30)
         counts = load.join()
         report("upstream killed", counts, load)
         assert counts["lost"] == 0, load.outcomes
@@ -373,7 +374,7 @@ def test_openai_upstream_stopped_then_back(tmp_path, vllm_server):
             refused.chat.completions.create(model=MODEL, messages=SHORT, max_tokens=8)
         assert err.value.status_code == 503
 
-        upstream = upstream_endpoint(up_port, vllm_port)  # it comes back
+        upstream = upstream_endpoint(tmp_path, up_port, vllm_port)  # it comes back
         srv.wait_ready(timeout=60)  # /health probes the upstream again
         r2 = refused.chat.completions.create(model=MODEL, messages=SHORT, max_tokens=16,
                                              temperature=0)
@@ -382,6 +383,4 @@ def test_openai_upstream_stopped_then_back(tmp_path, vllm_server):
     finally:
         if srv is not None:
             srv.stop()
-        if upstream.poll() is None:
-            os.killpg(upstream.pid, signal.SIGKILL)
-            upstream.wait(30)
+        upstream.stop()
