@@ -99,7 +99,7 @@ def train_cmd(
     dpo_beta: float = typer.Option(0.1, min=0.0),
     dpo_lr: float = typer.Option(5e-5, min=0.0),
     dpo_steps: int = typer.Option(None, min=1, help="DPO steps (default: one epoch)"),
-    threads: int = typer.Option(None, min=1, help="torch threads (default: cores - 1)"),
+    threads: int = typer.Option(None, min=1, help="torch threads (default: the idle cores)"),
     save_dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
     seed: int = typer.Option(0),
     overwrite: bool = typer.Option(False, help="replace an existing OUT"),

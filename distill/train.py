@@ -24,8 +24,10 @@ Details that matter:
   serves a float32 checkpoint in bf16 on a CPU with native bf16 and in float32
   elsewhere (``refinery.engine.hardware``), so on the former what vLLM answers
   with is the bf16 rounding of these weights (``save_dtype`` to change).
-- Torch uses ``cores - 1`` threads (:func:`default_threads`): OpenMP threads
-  spinning against a busy core (a vLLM worker) slow training by 10-30x here.
+- Torch uses as many threads as there are idle cores when training starts
+  (:func:`default_threads`): OpenMP threads spinning against a busy core (a
+  vLLM worker) slow training by 10-30x here, and one thread leaves an idle
+  core unused.
 - The checkpoint is written to a hidden temporary sibling directory and renamed
   into place, so a crash leaves no half-written model; ``refinery_train.json``
   (config, losses, row counts, times) is written inside it before the rename.
@@ -58,7 +60,7 @@ from refinery.distill.schema import DistillError, MessagesRow, PairRow, read_row
 from refinery.engine.models import DEFAULT_MODEL
 
 __all__ = ["TRAIN_RECORD", "TrainConfig", "TrainResult", "default_threads", "expand_weights",
-           "read_train_record", "train"]
+           "free_cores", "read_train_record", "train"]
 
 TRAIN_RECORD = "refinery_train.json"
 
@@ -92,7 +94,7 @@ class TrainConfig(BaseModel):
     loss_eval_rows: int = Field(64, ge=0, description="rows for the before/after loss; 0 = off")
     save_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0
-    threads: int | None = Field(None, ge=1, description="torch threads (None: cores - 1, >= 1)")
+    threads: int | None = Field(None, ge=1, description="torch threads (None: the idle cores)")
     overwrite: bool = False
     progress: bool = True
 
@@ -131,6 +133,7 @@ class TrainResult(BaseModel):
     eval_loss_before: float | None = None
     eval_loss_after: float | None = None
     seconds: float = 0.0
+    threads: int | None = None  # torch threads used (``config.threads`` or the idle cores)
     versions: dict[str, str] = Field(default_factory=dict)
 
     @property
@@ -155,14 +158,34 @@ def expand_weights(weights: Sequence[float], max_repeat: int = 8) -> list[int]:
     return [max(1, min(max_repeat, round(w / low))) for w in weights]
 
 
-def default_threads() -> int:
-    """Torch threads for training: one core fewer than the machine has (at least one).
+def free_cores(busy_percent: Sequence[float]) -> int:
+    """Whole cores left idle, given each usable core's busy percentage.
 
-    On this 2-core machine, shared with vLLM workers, two OpenMP threads spin
-    against a busy core: 2 SFT steps took 163 s with 2 threads (load 8) and 5 s
-    with 1 thread on the same rows.
+    Example:
+        >>> free_cores([3.0, 97.0]), free_cores([2.0, 5.0]), free_cores([60.0, 70.0])
+        (1, 2, 0)
     """
-    return max(1, (os.cpu_count() or 2) - 1)
+    idle = sum(max(0.0, 100.0 - p) for p in busy_percent) / 100.0
+    return int(idle + 0.25)  # a core counts once it is at least three quarters idle
+
+
+def default_threads(sample_seconds: float = 0.5) -> int:
+    """Torch threads for training: the cores idle right now (at least one).
+
+    OpenMP threads spinning against a busy core (a vLLM worker) slow training by
+    10-30x: 2 SFT steps took 163 s with 2 threads (load 8) and 5 s with 1 thread
+    on the same rows. On idle cores it is the other way round: the distill loop's
+    e2e test took 56 s with 1 thread and 44 s with 2, same losses (2-core
+    EPYC-512). So count the cores idle over a short sample, among those this
+    process may run on.
+    """
+    import psutil
+
+    usable = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    busy = psutil.cpu_percent(interval=sample_seconds, percpu=True)
+    if usable is not None:
+        busy = [busy[i] for i in usable if i < len(busy)]
+    return max(1, free_cores(busy))
 
 
 def _sft_examples(rows: Sequence[Any]) -> list[dict[str, Any]]:
@@ -250,7 +273,8 @@ def train(sft_path: str | os.PathLike[str], base: str = DEFAULT_MODEL,
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(cfg.threads or default_threads())
+    threads = cfg.threads or default_threads()
+    torch.set_num_threads(threads)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -269,7 +293,8 @@ def train(sft_path: str | os.PathLike[str], base: str = DEFAULT_MODEL,
         result = TrainResult(out=str(out_p), base=cfg.base, base_dir=base_dir, config=cfg,
                              sft=sft_stage, dpo=dpo_stage,
                              eval_loss_before=_round(before), eval_loss_after=_round(after),
-                             seconds=round(time.monotonic() - t0, 2), versions=_versions())
+                             seconds=round(time.monotonic() - t0, 2), threads=threads,
+                             versions=_versions())
         (tmp_out / TRAIN_RECORD).write_text(result.model_dump_json(indent=2) + "\n")
         _swap_in(tmp_out, out_p)
     finally:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 from pydantic import ValidationError
@@ -17,7 +21,7 @@ from refinery.distill.schema import (
     validate_sft_row,
     write_rows,
 )
-from refinery.distill.train import expand_weights, train
+from refinery.distill.train import default_threads, expand_weights, free_cores, train
 from tests.distill._runs import write_run
 from tests.distill.test_dataset import Q1, RIGHT_1, refine_problem
 
@@ -99,6 +103,35 @@ def test_weights_become_repeat_counts() -> None:
     assert expand_weights([1.0, 2.0, 1.0]) == [1, 2, 1]
     assert expand_weights([1.0, 100.0], max_repeat=8) == [1, 8]
     assert expand_weights([]) == []
+
+
+@pytest.mark.parametrize(("busy", "free"), [
+    ([2.0, 5.0], 2), ([3.0, 97.0], 1), ([60.0, 70.0], 0), ([100.0, 100.0], 0),
+    ([30.0, 30.0, 30.0, 30.0], 3), ([], 0)])
+def test_free_cores_counts_whole_idle_cores(busy, free) -> None:
+    assert free_cores(busy) == free
+
+
+def test_default_threads_leaves_busy_cores_alone() -> None:
+    """With every usable core spinning, training gets one thread, not one per core."""
+    cores = sorted(os.sched_getaffinity(0))
+    spin = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin, str(c)]) for c in cores]
+    try:
+        time.sleep(0.3)
+        assert default_threads(sample_seconds=0.5) == 1
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+
+
+def test_default_threads_counts_only_the_cores_it_may_run_on(monkeypatch) -> None:
+    import psutil
+
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval, percpu: [1.0, 2.0, 99.0, 3.0])
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert default_threads() == 2  # core 3 is idle but not ours; core 2 is busy
 
 
 def test_train_refuses_bad_input_before_loading_a_model(tmp_path) -> None:
