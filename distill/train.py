@@ -174,10 +174,10 @@ def default_threads(sample_seconds: float = 0.5) -> int:
 
     OpenMP threads spinning against a busy core (a vLLM worker) slow training by
     10-30x: 2 SFT steps took 163 s with 2 threads (load 8) and 5 s with 1 thread
-    on the same rows. On idle cores it is the other way round: the distill loop's
-    e2e test took 56 s with 1 thread and 44 s with 2, same losses (2-core
-    EPYC-512). So count the cores idle over a short sample, among those this
-    process may run on.
+    on the same rows. On idle cores it is the other way round: in the distill
+    loop's e2e test, training took 56 s on 1 thread and 44 s on 2, same losses
+    (2-core EPYC-512). So count the cores idle over a short sample, among those
+    this process may run on.
     """
     import psutil
 

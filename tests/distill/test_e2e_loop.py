@@ -29,7 +29,7 @@ async def test_one_loop_round_on_arith(vllm_backend, tmp_path) -> None:
 
     out = tmp_path / "loop"
     # Training threads left to the default (the idle cores): the session engine is
-    # idle while it trains, so both cores here (56 s with 1 thread, 44 s with 2).
+    # idle while it trains, so both cores here (training 56 s on 1 thread, 44 s on 2).
     report = await loop(
         "arith", "sc(cot, n=4)", rounds=1, train_size=12, eval_size=8, out=str(out),
         backend=vllm_backend, progress=False, max_tokens=192, gold_fallback_rows=8,
