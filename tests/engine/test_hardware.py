@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +78,28 @@ def test_this_machine_gets_what_its_flags_say() -> None:
     here = CpuInfo.read()
     native = {"avx512_bf16", "amx_bf16", "bf16"} & here.flags
     assert choose_dtype("auto", is_cpu=True).dtype == ("bfloat16" if native else "float32")
+
+
+def test_the_avx2_emulation_masks_every_view_the_engine_reads(tmp_path: Path) -> None:
+    """``bench/avx2_emulation`` (AVX2 code paths on an AVX-512 host) hides AVX-512 and
+    AMX from vLLM's kernel choice and our dtype choice and caps the math libraries."""
+    shim = Path(__file__).resolve().parents[2] / "bench" / "avx2_emulation"
+    probe = ("import json, os, torch\n"
+             "from refinery.engine.hardware import CpuInfo, choose_dtype\n"
+             "caps = torch.cpu.get_capabilities()\n"
+             "print(json.dumps({'avx512': sorted(k for k, v in caps.items() if v and "
+             "k.startswith(('avx512', 'amx'))), 'avx2': torch.cpu._is_avx2_supported(),\n"
+             " 'aten': torch.backends.cpu.get_cpu_capability(),\n"
+             " 'onednn': os.environ['ONEDNN_MAX_CPU_ISA'],\n"
+             " 'flags': sorted(f for f in CpuInfo.read().flags if 'avx512' in f),\n"
+             " 'dtype': choose_dtype('auto', is_cpu=True).dtype}))\n")
+    env = {**os.environ, "PYTHONPATH": str(shim)}
+    for name in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS"):
+        env.pop(name, None)
+    out = subprocess.run([sys.executable, "-c", probe], env=env, cwd=tmp_path, check=True,
+                         capture_output=True, text=True, timeout=120)
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen["avx512"] == [] and seen["flags"] == []
+    assert seen["onednn"] == "AVX2" and seen["dtype"] == "float32"
+    if "avx2" in CpuInfo.read().flags:
+        assert seen["avx2"] is True and seen["aten"] == "AVX2"
