@@ -83,6 +83,8 @@ def test_this_machine_gets_what_its_flags_say() -> None:
 def test_the_avx2_emulation_masks_every_view_the_engine_reads(tmp_path: Path) -> None:
     """``bench/avx2_emulation`` (AVX2 code paths on an AVX-512 host) hides AVX-512 and
     AMX from vLLM's kernel choice and our dtype choice and caps the math libraries."""
+    if CpuInfo.read().machine not in ("x86_64", "amd64"):
+        pytest.skip("the AVX2 emulation is for x86 hosts")
     shim = Path(__file__).resolve().parents[2] / "bench" / "avx2_emulation"
     probe = ("import json, os, torch\n"
              "from refinery.engine.hardware import CpuInfo, choose_dtype\n"
