@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import itertools
+import json
 import logging
 import math
 import time
@@ -87,6 +88,13 @@ from refinery.engine.types import (
     SamplingParams,
     TokenLogprob,
 )
+
+try:  # the transport of openai>=2.x; older SDKs use httpx itself
+    import httpx2
+
+    TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx.HTTPError, httpx2.HTTPError)
+except ImportError:  # pragma: no cover - depends on the installed SDK
+    TRANSPORT_ERRORS = (httpx.HTTPError,)
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +218,7 @@ class UpstreamGuard:
         self.tokens = max(0.0, self.tokens - 1)
         self.consecutive_failures += 1
         self.last_error = _describe(exc)
-        self.unreachable = isinstance(exc, (openai.APIConnectionError, httpx.HTTPError))
+        self.unreachable = isinstance(exc, (openai.APIConnectionError, *TRANSPORT_ERRORS))
         delay = retry_after_seconds(exc)
         if delay:
             self.pause_until = max(self.pause_until, self.clock() + delay)
@@ -525,18 +533,18 @@ class OpenAIBackend:
         kw.update(stream=True, stream_options={"include_usage": True})
         # Retries cover opening the stream; a failure mid-stream is raised, since
         # replaying would duplicate text the caller has already seen.
-        stream = await self._call(lambda c: c.chat.completions.create(**kw), params.affinity)
+        response = await self._call(lambda c: _open_stream(c, kw), params.affinity)
         watch = WatchedSample(rule)
         finish, usage, n_tokens, tokens = None, None, 0, []
         try:
-            async for chunk in stream:
-                if chunk.usage:
-                    usage = chunk.usage
-                if not chunk.choices:
+            async for chunk in _chunks(response):
+                if chunk.get("usage"):
+                    usage = openai.types.CompletionUsage.model_validate(chunk["usage"])
+                if not chunk.get("choices"):
                     continue
-                ch = chunk.choices[0]
-                piece = ch.delta.content or ""
-                lps = _token_logprobs(ch.logprobs) if wire.logprobs else None
+                ch = chunk["choices"][0]
+                piece = (ch.get("delta") or {}).get("content") or ""
+                lps = _token_logprobs(ch.get("logprobs")) if wire.logprobs else None
                 # Without logprobs a chunk is counted as one token (vLLM sends one each).
                 n_tokens += len(lps) if lps else bool(piece)
                 shown = caller_tokens(lps, params)
@@ -547,18 +555,18 @@ class OpenAIBackend:
                 if watch.stop is not None:
                     finish = watch.stop.reason
                     break
-                if ch.finish_reason:
-                    finish = ch.finish_reason
-        except (openai.APIError, httpx.HTTPError) as exc:
-            # httpx errors are not wrapped by the SDK once the body is streaming:
-            # an upstream that dies mid-answer shows up as RemoteProtocolError.
+                if ch.get("finish_reason"):
+                    finish = ch["finish_reason"]
+        except openai.APIError as exc:
+            # An upstream that dies mid-answer shows up as an APIConnectionError
+            # (a RemoteProtocolError underneath), an error event as an APIError.
             self.guard.failure(exc)
             raise BackendUnavailableError(
                 f"upstream stream broke: {type(exc).__name__}: {exc}") from exc
         finally:
             # Closing the HTTP response is how an OpenAI-compatible server learns
             # to abort the request (a stop rule, or our cancellation).
-            await stream.close()
+            await response.close()
         comp = Completion(
             text=watch.text, prompt_tokens=usage.prompt_tokens if usage else 0,
             cached_tokens=cached_tokens(usage),
@@ -574,11 +582,61 @@ class OpenAIBackend:
 
 
 def _token_logprobs(logprobs: Any) -> list[TokenLogprob] | None:
-    """The SDK's ``choice.logprobs.content`` as refinery's TokenLogprob list."""
-    content = getattr(logprobs, "content", None)
+    """``choice.logprobs.content`` (an SDK object or a chunk's dict) as TokenLogprobs."""
+    content = logprobs.get("content") if isinstance(logprobs, dict) \
+        else getattr(logprobs, "content", None)
     if not content:
         return None
-    return [TokenLogprob.model_validate(t.model_dump()) for t in content]
+    return [TokenLogprob.model_validate(t if isinstance(t, dict) else t.model_dump())
+            for t in content]
+
+
+async def _open_stream(client: openai.AsyncOpenAI, kw: dict) -> Any:
+    """Open a streamed chat completion as a raw response, its status already checked.
+
+    The SDK's own stream builds a pydantic model of every chunk, which took more
+    than half of refinery's CPU behind a vLLM server (one chunk a token, every
+    sample its own stream); ``_chunks`` reads the same lines as plain JSON. The
+    SDK still sends the request, raises on an error status and retries nothing.
+    """
+    return await client.chat.completions.with_streaming_response.create(**kw).__aenter__()
+
+
+async def _chunks(response: Any) -> AsyncIterator[dict]:
+    """The JSON chunks of a chat completion stream, up to ``data: [DONE]``.
+
+    Raises:
+        openai.APIConnectionError: the connection broke (as the SDK's stream says it).
+        openai.APIError: the upstream sent an error event mid-stream (vLLM sends
+            ``{"error": {...}}``, older servers ``{"object": "error", ...}``), or a
+            chunk that is not a JSON object.
+    """
+    request = response.http_response.request
+    lines = aiter(response.iter_lines())
+    while True:
+        try:
+            line = await anext(lines)
+        except StopAsyncIteration:
+            return
+        except TRANSPORT_ERRORS as exc:
+            raise openai.APIConnectionError(request=request) from exc
+        if not line.startswith("data:"):
+            continue  # blank separators, comments, "event:" lines
+        data = line[5:].strip()
+        if data == "[DONE]":
+            return
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            chunk = None
+        if not isinstance(chunk, dict):
+            raise openai.APIError(f"stream chunk is not a JSON object: {data[:200]}",
+                                  request, body=None)
+        if chunk.get("error") or chunk.get("object") == "error":
+            body = chunk["error"] if isinstance(chunk.get("error"), dict) else chunk
+            raise openai.APIError(str(body.get("message") or "error event in the stream"),
+                                  request, body=body)
+        yield chunk
 
 
 def cached_tokens(usage: Any) -> int | None:

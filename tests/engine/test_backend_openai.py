@@ -316,6 +316,73 @@ async def test_upstream_dying_mid_stream_is_a_clear_error():
     assert be.guard.consecutive_failures == 1
 
 
+def chunk(content: str | None = None, finish: str | None = None, usage: dict | None = None,
+          logprobs: list | None = None) -> str:
+    """One SSE event of a chat completion stream, as vLLM's server writes it."""
+    choices = [] if content is None and finish is None else [
+        {"index": 0, "delta": {"content": content} if content is not None else {},
+         "finish_reason": finish, "logprobs": {"content": logprobs} if logprobs else None}]
+    body = {"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+            "choices": choices, "usage": usage}
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def stream_app(events: list[str]) -> FastAPI:
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat():
+        async def body():
+            for e in events:
+                yield e
+
+        return StreamingResponse(body(), media_type="text/event-stream")
+
+    return app
+
+
+async def test_a_stream_is_read_whole_text_usage_logprobs_and_finish():
+    lp = {"token": "fo", "logprob": -0.5, "bytes": [102, 111],
+          "top_logprobs": [{"token": "fo", "logprob": -0.5}, {"token": "x", "logprob": -2.0}]}
+    events = [": keep-alive comment\n\n", chunk("fo", logprobs=[lp]),
+              chunk("ur", logprobs=[dict(lp, token="ur", logprob=-0.25)]),
+              chunk("", finish="length"),
+              chunk(usage={"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9,
+                           "prompt_tokens_details": {"cached_tokens": 3}}),
+              "data: [DONE]\n\n", chunk("never read")]
+    with ThreadedApp(stream_app(events)) as url:
+        be = OpenAIBackend("m", url)
+        deltas = [d async for d in be.stream(Q, SamplingParams(max_tokens=2, logprobs=True,
+                                                               top_logprobs=1))]
+        await be.aclose()
+    assert [d.text for d in deltas[:-1]] == ["fo", "ur"]
+    comp = deltas[-1].completion
+    assert (comp.text, comp.finish_reason) == ("four", "length")
+    assert (comp.prompt_tokens, comp.completion_tokens, comp.cached_tokens) == (7, 2, 3)
+    assert [t.token for t in comp.token_logprobs] == ["fo", "ur"]
+    assert comp.logprob == pytest.approx(-0.75)
+    # the caller asked for 1 alternative; the wire may carry more
+    assert [len(t.top_logprobs) for t in comp.token_logprobs] == [1, 1]
+
+
+@pytest.mark.parametrize("bad, says", [
+    ('data: {"error": {"message": "engine dead", "type": "InternalServerError", '
+     '"code": 500}}\n\n', "engine dead"),
+    ('data: {"object": "error", "message": "too long", "code": 400}\n\n', "too long"),
+    ("data: {not json\n\n", "not a JSON object"),
+])
+async def test_an_error_event_or_garbage_mid_stream_is_a_clear_error(bad, says):
+    with ThreadedApp(stream_app([chunk("par"), bad, chunk("tial")])) as url:
+        be = OpenAIBackend("m", url)
+        got = []
+        with pytest.raises(BackendUnavailableError, match="stream broke") as err:
+            async for d in be.stream(Q, SamplingParams(max_tokens=4)):
+                got.append(d.text)
+        await be.aclose()
+    assert got == ["par"] and says in str(err.value)
+    assert be.guard.consecutive_failures == 1
+
+
 async def test_calls_of_one_task_go_to_one_upstream_and_tasks_spread():
     from refinery.engine.run import solve_one
     from refinery.engine.types import Task
