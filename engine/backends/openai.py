@@ -594,10 +594,10 @@ def _token_logprobs(logprobs: Any) -> list[TokenLogprob] | None:
 async def _open_stream(client: openai.AsyncOpenAI, kw: dict) -> Any:
     """Open a streamed chat completion as a raw response, its status already checked.
 
-    The SDK's own stream builds a pydantic model of every chunk, which took more
-    than half of refinery's CPU behind a vLLM server (one chunk a token, every
-    sample its own stream); ``_chunks`` reads the same lines as plain JSON. The
-    SDK still sends the request, raises on an error status and retries nothing.
+    The SDK's own stream builds a pydantic model of every chunk, which took a third
+    of refinery's CPU behind a vLLM server (one chunk a token, every sample its own
+    stream); ``_chunks`` reads the same lines as plain JSON. The SDK still sends the
+    request and raises on an error status; retrying is ``_call``'s.
     """
     return await client.chat.completions.with_streaming_response.create(**kw).__aenter__()
 
