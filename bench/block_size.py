@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 # Sets the same vLLM environment (KV cache, cores) as the strategy bench; no vllm import.
-from strategy_throughput import DATA, VLLMConfig, engine_kwargs  # noqa: E402
+from strategy_throughput import DATA, VLLMConfig, child_result, engine_kwargs  # noqa: E402
 
 from refinery.engine.hardware import CpuInfo  # noqa: E402
 from refinery.engine.models import DEFAULT_MODEL  # noqa: E402
@@ -72,9 +71,7 @@ def _prefix_hits(llm) -> int:
 def one_run(block: int, work: str, a: argparse.Namespace) -> dict:
     cmd = [sys.executable, __file__, "--measure", str(block), work,
            "--questions", str(a.questions), "--max-tokens", str(a.max_tokens)]
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, timeout=3600)
-    line = next(ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("RESULT "))
-    r = json.loads(line.removeprefix("RESULT "))
+    r = child_result(cmd)
     return {**r, "tok_s": r["generated"] / r["seconds"]}
 
 

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 # Sets the same vLLM environment (KV cache, cores) as the strategy bench; no vllm import.
-from strategy_throughput import VLLMConfig, engine_kwargs  # noqa: E402
+from strategy_throughput import VLLMConfig, child_result, engine_kwargs  # noqa: E402
 
 from refinery.engine.models import DEFAULT_MODEL  # noqa: E402
 
@@ -62,9 +61,7 @@ def one_run(model: str, eager: bool, batches: list[int], max_tokens: int) -> dic
     cmd = [sys.executable, __file__, "--measure", "eager" if eager else "compiled",
            "--model", model, "--max-tokens", str(max_tokens),
            "--batches", *map(str, batches)]
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, timeout=3600)
-    line = next(ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("RESULT "))
-    return json.loads(line.removeprefix("RESULT "))
+    return child_result(cmd)
 
 
 def main() -> None:

@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 # Sets the same vLLM environment (KV cache, cores) as the strategy bench; no vllm import.
-from strategy_throughput import DATA, VLLMConfig, engine_kwargs  # noqa: E402
+from strategy_throughput import DATA, VLLMConfig, child_result, engine_kwargs  # noqa: E402
 
 from refinery.engine.hardware import CpuInfo, choose_dtype  # noqa: E402
 from refinery.engine.models import DEFAULT_MODEL  # noqa: E402
@@ -60,9 +59,7 @@ def measure(dtype: str, prompts: int, max_tokens: int) -> None:
 def one_run(dtype: str, prompts: int, max_tokens: int) -> dict:
     cmd = [sys.executable, __file__, "--measure", dtype, "--prompts", str(prompts),
            "--max-tokens", str(max_tokens)]
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, timeout=3600)
-    line = next(ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("RESULT "))
-    result = json.loads(line.removeprefix("RESULT "))
+    result = child_result(cmd)
     return {**result, "tok_s": result["tokens"] / result["seconds"]}
 
 

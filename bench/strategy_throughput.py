@@ -297,6 +297,17 @@ async def dag_phase(requests: list[dict], model: str, budget: int) -> None:
                                **occupancy(samples, VLLMConfig.max_num_seqs)}), flush=True)
 
 
+def child_result(cmd: list[str], timeout: float = 3600) -> dict:
+    """Run one bench phase in a fresh process (a fresh engine); the JSON it printed.
+
+    vLLM logs to stdout too, so the result is the last line the child marked
+    ``RESULT ``; a child that fails raises ``CalledProcessError``.
+    """
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, timeout=timeout)
+    line = next(ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("RESULT "))
+    return json.loads(line.removeprefix("RESULT "))
+
+
 def subprocess_result(args: argparse.Namespace, requests: list[dict], mode: str,
                       tag: str) -> dict | None:
     """Run one replay phase in a fresh process (one engine at a time); its JSON."""
