@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from refinery.engine.loops import LoopDetector, Monitor, cut_at
+from refinery.engine.loops import CusumLoopDetector, LoopDetector, Monitor, cut_at
 from refinery.engine.types import FinishReason, SamplingParams, TokenLogprob
 
 
@@ -150,6 +150,25 @@ def combine(*monitors: Watcher | None) -> Watcher | None:
     if len(found) <= 1:
         return found[0] if found else None
     return AnyRule(tuple(r for m in found if (r := as_rule(m)) is not None))
+
+
+def checks_whole(rule: StopRule | None) -> bool:
+    """Whether ``rule``, fed a finished sample's whole text at once, stops it where it
+    would have stopped it streamed (same finish reason, same cut).
+
+    A backend may then check such a sample after it ends instead of streaming it:
+    the answer is the same, only the tokens past the stop are spent. True for the
+    CUSUM loop detector (its alarm does not depend on how the text is chunked) and
+    for rules made only of it; False for rules that read token logprobs as they
+    come (``ConfidenceRule``) and for loop detectors not known to be chunk-free.
+
+    Example:
+        >>> checks_whole(LoopRule(CusumLoopDetector())), checks_whole(ConfidenceRule())
+        (True, False)
+    """
+    if isinstance(rule, AnyRule):
+        return all(checks_whole(r) for r in rule.rules)
+    return isinstance(rule, LoopRule) and isinstance(rule.detector, CusumLoopDetector)
 
 
 def wire_params(params: SamplingParams, rule: StopRule | None) -> SamplingParams:

@@ -122,6 +122,13 @@ async def test_against_vllm_openai_server(vllm_server):
     assert "4" in c.text and c.prompt_tokens > 0 and c.completion_tokens > 0
     outs = await be.generate(Q, SamplingParams(temperature=1.0, max_tokens=16), n=3)
     assert len(outs) == 3
+    # Under the loop detector a short call is one request, checked whole; n greedy
+    # samples (vLLM refuses them in one request) go as n streamed requests.
+    greedy = SamplingParams(temperature=0, max_tokens=24)
+    [w] = await be.generate(Q, greedy, monitor=CusumLoopDetector())
+    assert (w.text, w.completion_tokens) == (c.text, c.completion_tokens)
+    ws = await be.generate(Q, greedy, n=2, monitor=CusumLoopDetector())
+    assert [w.text for w in ws] == [c.text, c.text]
     pieces, final = [], None
     async for d in be.stream(Q, SamplingParams(temperature=0, max_tokens=24)):
         pieces.append(d.text)

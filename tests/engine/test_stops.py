@@ -21,6 +21,7 @@ from refinery.engine.stops import (
     WatchedSample,
     as_rule,
     caller_tokens,
+    checks_whole,
     combine,
     wire_params,
 )
@@ -115,6 +116,19 @@ def test_combine_keeps_a_lone_detector_and_joins_several():
     both = combine(det, rule)
     assert isinstance(both, AnyRule) and both.top_logprobs == 20
     assert isinstance(as_rule(det), LoopRule) and as_rule(rule) is rule
+
+
+def test_only_chunk_free_rules_may_check_a_whole_text():
+    class OtherDetector:
+        def new(self):
+            return CusumLoopDetector().new()
+
+    loop = LoopRule(CusumLoopDetector())
+    assert checks_whole(loop) and checks_whole(AnyRule((loop, loop)))
+    assert not checks_whole(ConfidenceRule())
+    assert not checks_whole(AnyRule((loop, ConfidenceRule())))
+    assert not checks_whole(LoopRule(OtherDetector()))  # not known to be chunk-free
+    assert not checks_whole(None)
 
 
 def loop_cut_directly(text: str) -> int:
@@ -213,3 +227,85 @@ async def test_an_upstream_stream_is_closed_at_a_confidence_stop():
     assert c.completion_tokens == 12 and c.text == "".join(f" w{j}" for j in range(12))
     assert c.token_logprobs is None and c.logprob is None
     assert upstream.sent < 100  # aborted, not drained
+
+
+# -- short calls under the loop detector: one request, each sample checked whole -----------
+
+
+class BothWaysUpstream(ThreadedApp):
+    """Answers ``texts[i]`` as choice i of a whole response, or, streamed, the k-th
+    stream word by word with ``texts[k % len(texts)]``; records each request body."""
+
+    def __init__(self, texts: list[str]) -> None:
+        self.bodies: list[dict] = []
+        app = FastAPI()
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            req = await request.json()
+            self.bodies.append(req)
+            if not req.get("stream"):
+                return {"id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                        "choices": [{"index": i, "finish_reason": "length",
+                                     "message": {"role": "assistant", "content": t}}
+                                    for i, t in enumerate(texts[:req["n"]])],
+                        "usage": {"prompt_tokens": 3, "completion_tokens": 100,
+                                  "total_tokens": 103}}
+            text = texts[(sum(1 for b in self.bodies if b.get("stream")) - 1) % len(texts)]
+
+            async def body():
+                for word in text.split(" "):
+                    yield chunk(word + " ", None)
+                yield "data: [DONE]\n\n"
+
+            return StreamingResponse(body(), media_type="text/event-stream")
+
+        super().__init__(app)
+
+
+async def test_a_short_call_under_the_loop_detector_is_one_request_checked_whole():
+    texts = [LOOP, "Add 3 and 4 to get 7."]
+    upstream = BothWaysUpstream(texts)
+    with upstream as url:
+        whole = await OpenAIBackend("m", url).generate(
+            Q, SamplingParams(max_tokens=128), n=2, monitor=CusumLoopDetector())
+        bodies, upstream.bodies = upstream.bodies, []
+        streamed = await OpenAIBackend("m", url, whole_check_max_tokens=None).generate(
+            Q, SamplingParams(max_tokens=128), n=2, monitor=CusumLoopDetector())
+    [req] = bodies  # one request for both samples, not streamed
+    assert req["n"] == 2 and not req.get("stream")
+    assert [b.get("stream") for b in upstream.bodies] == [True, True]
+    cut = loop_cut_directly(LOOP)
+    assert 0 < cut < len(LOOP)
+    looped, clean = whole
+    assert (looped.text, looped.finish_reason, looped.loop_onset) == (LOOP[:cut], "loop", cut)
+    assert (clean.text, clean.finish_reason, clean.loop_onset) == (texts[1], "length", None)
+    assert looped.completion_tokens == 50  # the tokens past the stop were spent
+    # The same two samples streamed word by word (in either order): the loop is cut
+    # at the same place, the clean one is not.
+    assert sorted((c.finish_reason, c.text.rstrip()) for c in streamed) == \
+        [("abort", texts[1]), ("loop", LOOP[:cut].rstrip())]
+
+
+async def test_a_long_call_under_the_loop_detector_streams_every_sample():
+    upstream = BothWaysUpstream([LOOP])
+    with upstream as url:
+        be = OpenAIBackend("m", url, whole_check_max_tokens=256)
+        comps = await be.generate(Q, SamplingParams(max_tokens=257), n=2,
+                                  monitor=CusumLoopDetector())
+    assert [b.get("stream") for b in upstream.bodies] == [True, True]
+    assert [c.finish_reason for c in comps] == ["loop", "loop"]
+
+
+async def test_greedy_samples_under_the_loop_detector_are_streamed_apart():
+    upstream = BothWaysUpstream([LOOP])
+    with upstream as url:
+        be = OpenAIBackend("m", url)
+        await be.generate(Q, SamplingParams(max_tokens=64, temperature=0), n=2,
+                          monitor=CusumLoopDetector())
+        assert [b.get("stream") for b in upstream.bodies] == [True, True]
+        upstream.bodies = []
+        await be.generate(Q, SamplingParams(max_tokens=64, temperature=0),
+                          monitor=CusumLoopDetector())
+    [one] = upstream.bodies  # one greedy sample: one request, checked whole
+    assert one["n"] == 1 and not one.get("stream")
