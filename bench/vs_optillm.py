@@ -1,6 +1,10 @@
 """Self-consistency through OptiLLM and through refinery, side by side in one run.
 
-The same work on three sides, one after another, on one machine:
+The same work on three sides, one after another, on one machine, in ``--rounds``
+rounds; odd rounds run the sides in the mirrored order (A B C, then C B A), since the
+machine's speed drifts while it runs (a shared host), and the ratios are of the mean
+walls. Each side first answers ``--warmup`` other questions untimed, and the vLLM
+server's prefix cache is emptied before each timed pass:
 
 1. **optillm**: OptiLLM's proxy (its own virtualenv, ``make bench-peers``) in front
    of vLLM's own OpenAI server, model ``self_consistency-<model>``;
@@ -20,7 +24,8 @@ OptiLLM's (targets: in-process <= 0.5, upstream <= 0.7). While a side runs, the 
 sequences in flight are sampled, to show where the time goes.
 
     make bench-peers   # once: OptiLLM into $REFINERY_HOME/peers/optillm
-    python bench/vs_optillm.py [--questions 32] [--clients 16] [--sides optillm upstream in-process]
+    python bench/vs_optillm.py [--questions 32] [--clients 16] [--rounds 2] [--warmup 4]
+                               [--sides optillm upstream in-process]
 """
 
 from __future__ import annotations
@@ -119,7 +124,8 @@ def vllm_server(logdir: Path) -> Service:
     cmd += ["--enforce-eager"] if kw["enforce_eager"] else []
     cmd += ["--enable-prefix-caching"] if kw["enable_prefix_caching"] else []
     cmd += ["--block-size", str(kw["block_size"])] if kw.get("block_size") else []
-    return Service("vllm", cmd, dict(os.environ), logdir)
+    # Dev mode serves POST /reset_prefix_cache, so no side meets another's cached prompts.
+    return Service("vllm", cmd, dict(os.environ, VLLM_SERVER_DEV_MODE="1"), logdir)
 
 
 def refinery_server(logdir: Path, upstream: str | None) -> Service:
@@ -203,15 +209,20 @@ async def sample_in_flight(metrics_url: str, samples: list[float]) -> None:
 
 
 async def measure(name: str, base_url: str, model: str, tokens_url: str,
-                  tokens_re: re.Pattern[str], a: argparse.Namespace,
-                  work: list[tuple[str, str]]) -> Side:
+                  tokens_re: re.Pattern[str], a: argparse.Namespace, work: Work) -> Side:
+    """One side's timed pass over ``work.timed``, after an untimed pass over ``work.warmup``."""
+    if work.warmup:  # first-use costs (kernels, imports, connections) land on no side
+        await run_clients(base_url, model, work.warmup, a.clients, a.max_tokens, Side(name))
+    if tokens_re is GEN_TOKENS:  # the same prompts must not find another side's cache
+        async with httpx.AsyncClient(timeout=30) as http:
+            (await http.post(url("vllm", "/reset_prefix_cache"))).raise_for_status()
     side = Side(name)
     before = scrape(tokens_url, tokens_re)
     samples: list[float] = []
     sampler = (asyncio.create_task(sample_in_flight(tokens_url, samples))
                if tokens_re is GEN_TOKENS else None)
     t0 = time.perf_counter()
-    await run_clients(base_url, model, work, a.clients, a.max_tokens, side)
+    await run_clients(base_url, model, work.timed, a.clients, a.max_tokens, side)
     side.wall_seconds = time.perf_counter() - t0
     if sampler:
         sampler.cancel()
@@ -223,18 +234,27 @@ async def measure(name: str, base_url: str, model: str, tokens_url: str,
 # ------------------------------------------------------------------ sides
 
 
+@dataclass
+class Work:
+    """The timed questions, and the others each side warms up on first."""
+
+    timed: list[tuple[str, str]]
+    warmup: list[tuple[str, str]]
+
+
 def url(name: str, path: str = "/v1") -> str:
     return f"http://127.0.0.1:{PORTS[name]}{path}"
 
 
-def run_upstream_sides(a: argparse.Namespace, work, logdir: Path) -> list[Side]:
-    """optillm and refinery --backend openai, each in front of one vLLM server."""
+def run_upstream_sides(names: list[str], a: argparse.Namespace, work: Work,
+                       logdir: Path) -> list[Side]:
+    """optillm and refinery --backend openai, in this order, in front of one vLLM server."""
     sides: list[Side] = []
     upstream = vllm_server(logdir)
     try:
         upstream.wait_ready(url("vllm", "/health"))
         metrics = url("vllm", "/metrics")
-        for name in [s for s in a.sides if s != "in-process"]:
+        for name in names:
             server = (optillm_server(logdir, url("vllm")) if name == "optillm"
                       else refinery_server(logdir, url("vllm")))
             if server is None:
@@ -255,7 +275,7 @@ def run_upstream_sides(a: argparse.Namespace, work, logdir: Path) -> list[Side]:
     return sides
 
 
-def run_in_process_side(a: argparse.Namespace, work, logdir: Path) -> Side:
+def run_in_process_side(a: argparse.Namespace, work: Work, logdir: Path) -> Side:
     server = refinery_server(logdir, None)
     try:
         server.wait_ready(url("refinery", "/health"))
@@ -267,23 +287,49 @@ def run_in_process_side(a: argparse.Namespace, work, logdir: Path) -> Side:
     return side
 
 
-def report(sides: list[Side], a: argparse.Namespace) -> None:
+def run_round(rnd: int, a: argparse.Namespace, work: Work, logdir: Path) -> list[Side]:
+    """Every side once; odd rounds run them in the mirrored order (A B C, C B A), so a
+    machine that speeds up or slows down during the run favours no side."""
+    order = [s for s in SIDES if s in a.sides]
+    if rnd % 2:
+        order.reverse()
+    on_upstream = [s for s in order if s != "in-process"]
+    in_process_first = order[:1] == ["in-process"]
+    sides: list[Side] = []
+    if in_process_first:
+        sides.append(run_in_process_side(a, work, logdir))
+    if on_upstream:
+        sides += run_upstream_sides(on_upstream, a, work, logdir)
+    if "in-process" in order and not in_process_first:
+        sides.append(run_in_process_side(a, work, logdir))
+    return sides
+
+
+def report(rounds: list[list[Side]], a: argparse.Namespace) -> None:
     print(f"\n{a.questions} GSM8K questions, {a.clients} clients, max_tokens {a.max_tokens}, "
-          f"refinery {SPEC}")
-    print(f"{'side':<11} {'wall s':>8} {'generated':>10} {'usage':>8} {'answers':>8} "
-          f"{'right':>6} {'in flight':>9} errors")
-    for s in sides:
-        usage = f"{s.usage_completion_tokens}" + (f" ({s.usage_missing} empty)"
-                                                  if s.usage_missing else "")
-        fl = f"{s.in_flight_mean:.1f}" if s.in_flight_mean is not None else "-"
-        print(f"{s.name:<11} {s.wall_seconds:>8.1f} {s.generated_tokens:>10.0f} {usage:>8} "
-              f"{s.answers:>8} {s.correct:>6} {fl:>9} {len(s.errors)}")
-    by = {s.name: s for s in sides}
-    if "optillm" in by:
-        for name, target in (("in-process", 0.5), ("upstream", 0.7)):
-            if name in by:
-                ratio = by[name].wall_seconds / by["optillm"].wall_seconds
-                print(f"wall {name}/optillm {ratio:.3f} (target <= {target})")
+          f"refinery {SPEC}, {len(rounds)} round(s), each side warmed up on {a.warmup} "
+          "other questions first")
+    print(f"{'round':<5} {'side':<11} {'wall s':>8} {'generated':>10} {'usage':>8} "
+          f"{'answers':>8} {'right':>6} {'in flight':>9} errors")
+    for rnd, sides in enumerate(rounds):
+        for s in sides:
+            usage = f"{s.usage_completion_tokens}" + (f" ({s.usage_missing} empty)"
+                                                      if s.usage_missing else "")
+            fl = f"{s.in_flight_mean:.1f}" if s.in_flight_mean is not None else "-"
+            print(f"{rnd:<5} {s.name:<11} {s.wall_seconds:>8.1f} {s.generated_tokens:>10.0f} "
+                  f"{usage:>8} {s.answers:>8} {s.correct:>6} {fl:>9} {len(s.errors)}")
+    walls: dict[str, list[float]] = {}
+    for s in (s for sides in rounds for s in sides):
+        walls.setdefault(s.name, []).append(s.wall_seconds)
+    if "optillm" not in walls:
+        return
+    base = statistics.mean(walls["optillm"])
+    for name, target in (("in-process", 0.5), ("upstream", 0.7)):
+        if name in walls:
+            per_round = [w / o for w, o in zip(walls[name], walls["optillm"], strict=False)]
+            print(f"wall {name}/optillm {statistics.mean(walls[name]) / base:.3f} "
+                  f"(means of {len(walls[name])}; by round "
+                  f"{' '.join(f'{r:.3f}' for r in per_round)}; target <= {target})")
 
 
 def main() -> None:
@@ -291,16 +337,17 @@ def main() -> None:
     ap.add_argument("--questions", type=int, default=32)
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--warmup", type=int, default=4,
+                    help="questions after the timed ones, sent untimed before each side")
     ap.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
     a = ap.parse_args()
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    work = load_work(a.questions)
+    rows = load_work(a.questions + a.warmup)
+    work = Work(timed=rows[:a.questions], warmup=rows[a.questions:])
     logdir = Path(tempfile.mkdtemp(prefix="vs-optillm-"))
     print(f"logs in {logdir}", flush=True)
-    sides = run_upstream_sides(a, work, logdir) if set(a.sides) - {"in-process"} else []
-    if "in-process" in a.sides:
-        sides.append(run_in_process_side(a, work, logdir))
-    report(sides, a)
+    report([run_round(r, a, work, logdir) for r in range(a.rounds)], a)
 
 
 if __name__ == "__main__":
