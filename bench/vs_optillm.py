@@ -11,7 +11,11 @@ server's prefix cache is emptied before each timed pass:
 2. **upstream**: ``refinery serve --backend openai`` in front of the same vLLM
    server, model ``sc(cot, n=5)@<model>``;
 3. **in-process**: ``refinery serve`` on its own engine (the vLLM server stopped
-   first; same dtype and engine settings), model ``sc(cot, n=5)@<model>``.
+   first; same dtype and engine settings), model ``sc(cot, n=5)@<model>``;
+4. **vllm-n5**, a reference, not a competitor: the clients ask the vLLM server
+   itself for ``n=5`` samples of each question (no proxy, no vote). It is the
+   engine doing the same sampling with nothing in front, so refinery's walls
+   against it show what refinery's own layer costs.
 
 Work: the first ``--questions`` GSM8K test questions sent by ``--clients``
 concurrent official ``openai`` async clients, ``max_tokens`` 128. Per side it prints
@@ -52,7 +56,8 @@ from strategy_throughput import DATA, VLLMConfig, engine_kwargs  # noqa: E402
 
 from refinery.engine.models import DEFAULT_MODEL, refinery_home  # noqa: E402
 
-SIDES = ("optillm", "upstream", "in-process")
+SIDES = ("optillm", "vllm-n5", "upstream", "in-process")
+SAMPLES = 5  # the n of SPEC
 SPEC = "sc(cot, n=5)"
 PORTS = {"vllm": 8701, "optillm": 8702, "refinery": 8703}
 GEN_TOKENS = re.compile(r"^vllm:generation_tokens_total\{[^}]*\}\s+([0-9.e+]+)", re.M)
@@ -162,7 +167,7 @@ def load_work(n: int) -> list[tuple[str, str]]:
 
 
 async def run_clients(base_url: str, model: str, work: list[tuple[str, str]], clients: int,
-                      max_tokens: int, side: Side) -> None:
+                      max_tokens: int, side: Side, n: int = 1) -> None:
     """``clients`` concurrent openai clients over ``work``; fills ``side``."""
     from openai import AsyncOpenAI
 
@@ -178,7 +183,7 @@ async def run_clients(base_url: str, model: str, work: list[tuple[str, str]], cl
             question, gold = queue.get_nowait()
             try:
                 r = await api.chat.completions.create(
-                    model=model, max_tokens=max_tokens,
+                    model=model, max_tokens=max_tokens, n=n,
                     messages=[{"role": "user", "content": question}])
             except Exception as exc:  # a side's failure is a figure, not a crash
                 side.errors.append(f"{type(exc).__name__}: {exc}"[:200])
@@ -209,10 +214,11 @@ async def sample_in_flight(metrics_url: str, samples: list[float]) -> None:
 
 
 async def measure(name: str, base_url: str, model: str, tokens_url: str,
-                  tokens_re: re.Pattern[str], a: argparse.Namespace, work: Work) -> Side:
+                  tokens_re: re.Pattern[str], a: argparse.Namespace, work: Work,
+                  n: int = 1) -> Side:
     """One side's timed pass over ``work.timed``, after an untimed pass over ``work.warmup``."""
     if work.warmup:  # first-use costs (kernels, imports, connections) land on no side
-        await run_clients(base_url, model, work.warmup, a.clients, a.max_tokens, Side(name))
+        await run_clients(base_url, model, work.warmup, a.clients, a.max_tokens, Side(name), n)
     if tokens_re is GEN_TOKENS:  # the same prompts must not find another side's cache
         async with httpx.AsyncClient(timeout=30) as http:
             (await http.post(url("vllm", "/reset_prefix_cache"))).raise_for_status()
@@ -222,7 +228,7 @@ async def measure(name: str, base_url: str, model: str, tokens_url: str,
     sampler = (asyncio.create_task(sample_in_flight(tokens_url, samples))
                if tokens_re is GEN_TOKENS else None)
     t0 = time.perf_counter()
-    await run_clients(base_url, model, work.timed, a.clients, a.max_tokens, side)
+    await run_clients(base_url, model, work.timed, a.clients, a.max_tokens, side, n)
     side.wall_seconds = time.perf_counter() - t0
     if sampler:
         sampler.cancel()
@@ -246,29 +252,38 @@ def url(name: str, path: str = "/v1") -> str:
     return f"http://127.0.0.1:{PORTS[name]}{path}"
 
 
+def upstream_side(name: str, logdir: Path) -> tuple[Service | None, str, str, int]:
+    """What a side on the vLLM server runs: its proxy (None: the clients ask vLLM
+    itself), the proxy's port, the model the clients name, and their ``n``."""
+    if name == "vllm-n5":
+        return None, "vllm", DEFAULT_MODEL, SAMPLES
+    if name == "optillm":
+        return (optillm_server(logdir, url("vllm")), "optillm",
+                f"self_consistency-{DEFAULT_MODEL}", 1)
+    return refinery_server(logdir, url("vllm")), "refinery", f"{SPEC}@{DEFAULT_MODEL}", 1
+
+
 def run_upstream_sides(names: list[str], a: argparse.Namespace, work: Work,
                        logdir: Path) -> list[Side]:
-    """optillm and refinery --backend openai, in this order, in front of one vLLM server."""
+    """The sides in ``names`` but in-process, in this order, on one vLLM server."""
     sides: list[Side] = []
     upstream = vllm_server(logdir)
     try:
         upstream.wait_ready(url("vllm", "/health"))
         metrics = url("vllm", "/metrics")
         for name in names:
-            server = (optillm_server(logdir, url("vllm")) if name == "optillm"
-                      else refinery_server(logdir, url("vllm")))
-            if server is None:
+            proxy, port, model, n = upstream_side(name, logdir)
+            if proxy is None and name == "optillm":
                 print("optillm: skipped, not installed (run `make bench-peers`)", flush=True)
                 continue
-            port = "optillm" if name == "optillm" else "refinery"
-            model = f"self_consistency-{DEFAULT_MODEL}" if name == "optillm" \
-                else f"{SPEC}@{DEFAULT_MODEL}"
             try:
-                server.wait_ready(url(port, "/health"))
+                if proxy is not None:
+                    proxy.wait_ready(url(port, "/health"))
                 sides.append(asyncio.run(measure(name, url(port), model, metrics, GEN_TOKENS,
-                                                 a, work)))
+                                                 a, work, n)))
             finally:
-                server.stop()
+                if proxy is not None:
+                    proxy.stop()
             print(json.dumps(asdict(sides[-1])), flush=True)
     finally:
         upstream.stop()
@@ -330,6 +345,13 @@ def report(rounds: list[list[Side]], a: argparse.Namespace) -> None:
             print(f"wall {name}/optillm {statistics.mean(walls[name]) / base:.3f} "
                   f"(means of {len(walls[name])}; by round "
                   f"{' '.join(f'{r:.3f}' for r in per_round)}; target <= {target})")
+    if "vllm-n5" in walls:  # what the engine alone does with the same sampling
+        ref = statistics.mean(walls["vllm-n5"])
+        print(f"wall vllm-n5/optillm {ref / base:.3f} (the engine's own server, no proxy)")
+        for name in ("in-process", "upstream"):
+            if name in walls:
+                print(f"wall {name}/vllm-n5 {statistics.mean(walls[name]) / ref:.3f} "
+                      "(refinery's layer over the engine's own server)")
 
 
 def main() -> None:
