@@ -1,10 +1,10 @@
 """Self-consistency through OptiLLM and through refinery, side by side in one run.
 
-The same work on three sides, one after another, on one machine, in ``--rounds``
-rounds; odd rounds run the sides in the mirrored order (A B C, then C B A), since the
-machine's speed drifts while it runs (a shared host), and the ratios are of the mean
-walls. Each side first answers ``--warmup`` other questions untimed, and the vLLM
-server's prefix cache is emptied before each timed pass:
+The same work on three sides and a reference, one after another, on one machine, in
+``--rounds`` rounds; odd rounds run the sides in the mirrored order (A B C, then C B
+A), since the machine's speed drifts while it runs (a shared host), and the ratios
+are of the mean walls. Each side first answers ``--warmup`` other questions untimed,
+and the vLLM server's prefix cache is emptied before each timed pass:
 
 1. **optillm**: OptiLLM's proxy (its own virtualenv, ``make bench-peers``) in front
    of vLLM's own OpenAI server, model ``self_consistency-<model>``;
@@ -29,7 +29,7 @@ sequences in flight are sampled, to show where the time goes.
 
     make bench-peers   # once: OptiLLM into $REFINERY_HOME/peers/optillm
     python bench/vs_optillm.py [--questions 32] [--clients 16] [--rounds 2] [--warmup 4]
-                               [--sides optillm upstream in-process]
+                               [--sides optillm vllm-n5 upstream in-process]
 """
 
 from __future__ import annotations
@@ -336,18 +336,17 @@ def report(rounds: list[list[Side]], a: argparse.Namespace) -> None:
     walls: dict[str, list[float]] = {}
     for s in (s for sides in rounds for s in sides):
         walls.setdefault(s.name, []).append(s.wall_seconds)
-    if "optillm" not in walls:
-        return
-    base = statistics.mean(walls["optillm"])
+    base = statistics.mean(walls["optillm"]) if "optillm" in walls else None
     for name, target in (("in-process", 0.5), ("upstream", 0.7)):
-        if name in walls:
+        if name in walls and base is not None:
             per_round = [w / o for w, o in zip(walls[name], walls["optillm"], strict=False)]
             print(f"wall {name}/optillm {statistics.mean(walls[name]) / base:.3f} "
                   f"(means of {len(walls[name])}; by round "
                   f"{' '.join(f'{r:.3f}' for r in per_round)}; target <= {target})")
     if "vllm-n5" in walls:  # what the engine alone does with the same sampling
         ref = statistics.mean(walls["vllm-n5"])
-        print(f"wall vllm-n5/optillm {ref / base:.3f} (the engine's own server, no proxy)")
+        if base is not None:
+            print(f"wall vllm-n5/optillm {ref / base:.3f} (the engine's own server, no proxy)")
         for name in ("in-process", "upstream"):
             if name in walls:
                 print(f"wall {name}/vllm-n5 {statistics.mean(walls[name]) / ref:.3f} "

@@ -46,6 +46,8 @@ SIDES = ("streamed", "whole")
 
 @dataclass
 class Pass:
+    """One timed pass: its wall, the tokens the server generated, loop stops, right answers."""
+
     side: str
     max_tokens: int
     wall: float
