@@ -14,14 +14,13 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # Sets the same vLLM environment (KV cache, cores) as the strategy bench; no vllm import.
-from strategy_throughput import VLLMConfig, engine_kwargs  # noqa: E402
+from strategy_throughput import VLLMConfig, child_result, engine_kwargs  # noqa: E402
 
 from refinery.engine.models import DEFAULT_MODEL  # noqa: E402
 
@@ -64,12 +63,8 @@ def run_llm(n: int, max_tokens: int) -> dict:
 
 def measure(phase: str, n: int, max_tokens: int) -> dict:
     """One phase in a fresh interpreter (a fresh engine), result as the last stdout line."""
-    out = subprocess.run([sys.executable, __file__, "--phase", phase, "--requests", str(n),
-                          "--max-tokens", str(max_tokens)], check=True, stdout=subprocess.PIPE,
-                         text=True, timeout=900)
-    # vLLM logs to stdout too: the result is the line we marked.
-    line = next(ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("RESULT "))
-    result = json.loads(line.removeprefix("RESULT "))
+    result = child_result([sys.executable, __file__, "--phase", phase, "--requests", str(n),
+                           "--max-tokens", str(max_tokens)], timeout=900)
     result["tok_s"] = result["tokens"] / result["seconds"]
     return result
 

@@ -12,10 +12,8 @@ tokens/s per run and the ratio all-cores / auto.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,15 +22,17 @@ sys.path.insert(0, str(HERE.parent))
 
 from refinery.engine.backends.vllm import all_cpus  # noqa: E402 (no vllm import)
 
+sys.path.insert(0, str(HERE))
+# The children are backend_throughput.py, which sets the same environment; ours
+# overrides the binding under test.
+from strategy_throughput import child_result  # noqa: E402
+
 
 def one_run(bind: str, requests: int, max_tokens: int) -> float:
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": bind}
-    out = subprocess.run([sys.executable, str(HERE / "backend_throughput.py"), "--phase",
-                          "backend", "--requests", str(requests), "--max-tokens",
-                          str(max_tokens)], check=True, stdout=subprocess.PIPE, text=True,
-                         env=env, timeout=1800)
-    line = next(ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("RESULT "))
-    r = json.loads(line.removeprefix("RESULT "))
+    r = child_result([sys.executable, str(HERE / "backend_throughput.py"), "--phase",
+                      "backend", "--requests", str(requests), "--max-tokens",
+                      str(max_tokens)], timeout=1800, env=env)
     return r["tokens"] / r["seconds"]
 
 

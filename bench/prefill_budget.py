@@ -14,7 +14,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 # The same tasks and engine environment as the strategy bench.
-from strategy_throughput import load_tasks  # noqa: E402
+from strategy_throughput import child_result, load_tasks  # noqa: E402
 
 
 async def one(spec: str, todo: list, budget: int, max_tokens: int) -> dict:
@@ -58,12 +57,9 @@ def main() -> None:
     runs: dict[int, list[float]] = {2048: [], 4096: []}
     for _ in range(a.rounds):
         for budget in runs:
-            out = subprocess.run([sys.executable, __file__, "--budget", str(budget), "--spec",
-                                  a.spec, "--tasks", str(a.tasks), "--max-tokens",
-                                  str(a.max_tokens)], check=True, stdout=subprocess.PIPE,
-                                 text=True, timeout=3600)
-            line = next(ln for ln in out.stdout.splitlines() if ln.startswith("RESULT "))
-            r = json.loads(line.removeprefix("RESULT "))
+            r = child_result([sys.executable, __file__, "--budget", str(budget), "--spec",
+                              a.spec, "--tasks", str(a.tasks), "--max-tokens",
+                              str(a.max_tokens)])
             runs[budget].append(r["tokens"] / r["wall"])
             print(f"budget {budget}: {r['tokens']} tokens in {r['wall']:.1f}s = "
                   f"{runs[budget][-1]:.1f} tok/s (load {os.getloadavg()[0]:.1f})", flush=True)

@@ -297,13 +297,16 @@ async def dag_phase(requests: list[dict], model: str, budget: int) -> None:
                                **occupancy(samples, VLLMConfig.max_num_seqs)}), flush=True)
 
 
-def child_result(cmd: list[str], timeout: float = 3600) -> dict:
+def child_result(cmd: list[str], timeout: float = 3600,
+                 env: dict[str, str] | None = None) -> dict:
     """Run one bench phase in a fresh process (a fresh engine); the JSON it printed.
 
     vLLM logs to stdout too, so the result is the last line the child marked
-    ``RESULT ``; a child that fails raises ``CalledProcessError``.
+    ``RESULT ``; a child that fails raises ``CalledProcessError``. ``env``: the
+    child's environment (default: this process's).
     """
-    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, timeout=timeout)
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, timeout=timeout,
+                         env=env)
     line = next(ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("RESULT "))
     return json.loads(line.removeprefix("RESULT "))
 
