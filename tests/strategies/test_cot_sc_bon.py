@@ -41,20 +41,26 @@ async def test_sc_one_request_and_votes_over_normalised_answers():
     backend = ScriptedBackend([(r".*", replies)])
     attempt = await SelfConsistency(CoT(), n=8).solve(task(), ctx(backend))
     [call] = backend.calls
-    assert call.n == 8 and call.params.temperature == 0.7 and call.params.logprobs
+    assert call.n == 8 and call.params.temperature == 0.7
+    assert not call.params.logprobs  # ties go to the first seen: no logprobs needed
     assert attempt.metadata["votes"] == {"1000": 4, "999": 2, "7": 1}
     assert attempt.text == replies[0] and attempt.score == 4 / 8
 
 
-async def test_sc_tie_goes_to_higher_mean_logprob_then_first_seen():
+async def test_sc_tie_goes_to_first_seen_or_to_higher_mean_logprob():
     short, long = "\\boxed{5}", "a b c d e f g h i j k l m n o p q r s \\boxed{6}"
     # sample i has logprob -i: 5 (1 word) at samples 0, 3 -> mean -1.5 per token;
     # 6 (20 words) at samples 1, 2 -> mean -0.075 per token
     backend = LogprobBackend([(r".*", [short, long, long, short])])
     attempt = await SelfConsistency(CoT(), n=4).solve(task(), ctx(backend))
+    assert attempt.answer == "5"  # tied 2-2: the default ignores log-probs, 5 came first
+    backend = LogprobBackend([(r".*", [short, long, long, short])])
+    sc = SelfConsistency(CoT(), n=4, tie_break="logprob")
+    attempt = await sc.solve(task(), ctx(backend))
+    assert backend.calls[0].params.logprobs
     assert attempt.answer == "6"  # tied 2-2; 6 has the higher per-token log-prob
     plain = ScriptedBackend([(r".*", [long, short, short, long])])
-    sc = SelfConsistency(CritiqueRefine(CoT(), rounds=0), n=4)
+    sc = SelfConsistency(CritiqueRefine(CoT(), rounds=0), n=4, tie_break="logprob")
 
     def draft(messages, params, i):
         return [long, short, short, long][len(prompts(plain, "step by step")) - 1]
