@@ -519,10 +519,11 @@ class OpenAIBackend:
                 *(self._one_streamed(messages, params, rule) for _ in range(n))))
         kw = self._kwargs(messages, params, n)  # an unsupported constraint fails here
         resp = await self._call(lambda c: c.chat.completions.create(**kw), params.affinity)
-        usage = resp.usage
-        per_sample = (usage.completion_tokens // max(1, n)) if usage else 0
-        return [self._choice(ch, usage, per_sample, params, rule)
-                for ch in sorted(resp.choices, key=lambda c: c.index)]
+        usage, choices = resp.usage, sorted(resp.choices, key=lambda c: c.index)
+        counts = split_tokens(usage.completion_tokens if usage else 0, choices,
+                              params.max_tokens)
+        return [self._choice(ch, usage, count, params, rule)
+                for ch, count in zip(choices, counts, strict=True)]
 
     def _checked_whole(self, rule: StopRule, params: SamplingParams, n: int) -> bool:
         limit = self.whole_check_max_tokens
@@ -531,16 +532,17 @@ class OpenAIBackend:
                 and (n == 1 or params.temperature > 0))
 
     @staticmethod
-    def _choice(ch: Any, usage: Any, per_sample: int, params: SamplingParams,
+    def _choice(ch: Any, usage: Any, count: int, params: SamplingParams,
                 rule: StopRule | None) -> Completion:
-        """One choice of a whole response as a Completion, checked by ``rule``."""
+        """One choice of a whole response as a Completion, checked by ``rule``;
+        ``count`` is its share of the response's completion tokens."""
         tokens = _token_logprobs(ch.logprobs) if params.logprobs else None
         watch = WatchedSample(rule)
         watch.add(ch.message.content or "")
         return Completion(
             text=watch.text, prompt_tokens=usage.prompt_tokens if usage else 0,
             cached_tokens=cached_tokens(usage),
-            completion_tokens=len(tokens) if tokens else per_sample,
+            completion_tokens=len(tokens) if tokens else count,
             finish_reason=watch.stop.reason if watch.stop else _finish(ch.finish_reason),
             loop_onset=watch.onset, measures=watch.measures(), token_logprobs=tokens,
             logprob=sum(t.logprob for t in tokens) if tokens else None)
@@ -609,6 +611,39 @@ class OpenAIBackend:
     async def aclose(self) -> None:
         for c in self.clients:
             await c.close()
+
+
+def split_tokens(total: int, choices: Sequence[Any], max_tokens: int) -> list[int]:
+    """The completion tokens of each choice, from the response's total.
+
+    An OpenAI-style response counts only all choices together. A choice that
+    ended on ``length`` generated ``max_tokens``; the rest is shared out by the
+    length of each other choice's text, largest remainders first, so the counts
+    always sum to ``total`` (the usage the client is billed).
+
+    Example: 300 tokens over three choices at ``max_tokens=128``, the first
+    ended on ``length``, the others ``stop`` after 150 and 50 characters:
+    ``[128, 129, 43]``.
+    """
+    if not choices:
+        return []
+    capped = [getattr(c, "finish_reason", None) == "length" for c in choices]
+    if max_tokens * sum(capped) > total:  # not what a length finish means: ignore it
+        capped = [False] * len(choices)
+    counts = [max_tokens if cap else 0 for cap in capped]
+    rest = total - sum(counts)
+    free = [i for i, cap in enumerate(capped) if not cap]
+    if not free:
+        return counts
+    weights = [len(getattr(choices[i].message, "content", None) or "") + 1 for i in free]
+    shares = [rest * w / sum(weights) for w in weights]
+    for i, share in zip(free, shares, strict=True):
+        counts[i] = int(share)
+    by_remainder = sorted(range(len(free)), key=lambda k: shares[k] - int(shares[k]),
+                          reverse=True)
+    for k in by_remainder[:total - sum(counts)]:
+        counts[free[k]] += 1
+    return counts
 
 
 def _token_logprobs(logprobs: Any) -> list[TokenLogprob] | None:

@@ -6,13 +6,14 @@ import asyncio
 import json
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from refinery.engine.backends.openai import OpenAIBackend, UpstreamGuard
+from refinery.engine.backends.openai import OpenAIBackend, UpstreamGuard, split_tokens
 from refinery.engine.constraints import Constraint, UnsupportedConstraintError
 from refinery.engine.errors import BackendUnavailableError, UnknownModelError
 from refinery.engine.loops import CusumLoopDetector
@@ -83,6 +84,24 @@ class FaultServer(ThreadedApp):
             return {"object": "list", "data": [{"id": "m", "object": "model"}]}
 
         super().__init__(app, port)
+
+
+def choice(text: str | None, finish: str = "stop") -> SimpleNamespace:
+    return SimpleNamespace(finish_reason=finish, message=SimpleNamespace(content=text))
+
+
+def test_split_tokens_gives_length_finishes_max_tokens_and_shares_the_rest_exactly():
+    three = [choice("x" * 10, "length"), choice("y" * 150), choice("z" * 50)]
+    assert split_tokens(300, three, 128) == [128, 129, 43]
+    assert split_tokens(256, [choice("a", "length"), choice("b", "length")], 128) == [128, 128]
+    # Two "length" finishes cannot hold 128 each in 100 tokens: shared by text length.
+    assert split_tokens(100, [choice("a" * 29, "length"), choice("b" * 9, "length")], 128) \
+        == [75, 25]
+    counts = split_tokens(7, [choice("same"), choice("same"), choice("same")], 16)
+    assert sorted(counts) == [2, 2, 3] and sum(counts) == 7
+    assert split_tokens(5, [choice(None), choice("")], 16) in ([3, 2], [2, 3])
+    assert split_tokens(0, [choice("a"), choice("b")], 16) == [0, 0]
+    assert split_tokens(40, [choice("whatever")], 16) == [40] and split_tokens(3, [], 8) == []
 
 
 async def test_retries_429_and_503_then_succeeds():
