@@ -1,23 +1,27 @@
-"""Short calls under the loop detector behind a vLLM server: streamed apart, or one
-request checked whole.
+"""Short calls under the loop detector: streamed apart, or one request checked whole.
 
-A sample the loop detector may stop must be stopped alone, so ``OpenAIBackend``
-used to stream every watched sample as its own request, one SSE chunk a token.
-Since the CUSUM detector stops a whole text where it stops the same text streamed,
-a call whose ``max_tokens`` is at most ``whole_check_max_tokens`` is now one
-n-sample request whose samples are checked when they end (``engine/stops.py``:
-``checks_whole``). This bench measures what that buys and what it costs: one vLLM
-OpenAI server (refinery's engine settings and dtype, ``bench/vs_optillm.py``), and
-in this process ``sc(cot, n=5)`` on the first ``--questions`` GSM8K test questions,
+A sample the loop detector may stop must be stopped alone, so both backends used
+to run every watched sample as its own streamed request (behind a vLLM server,
+one SSE chunk a token). Since the CUSUM detector stops a whole text where it
+stops the same text streamed, a call whose ``max_tokens`` is at most
+``whole_check_max_tokens`` is now one n-sample request whose samples are checked
+when they end (``engine/stops.py``: ``check_whole``). This bench measures what
+that buys and what it costs, ``--backend openai``: one vLLM OpenAI server
+(refinery's engine settings and dtype, ``bench/vs_optillm.py``) and
+``OpenAIBackend`` in this process; ``--backend vllm``: ``VLLMBackend`` in this
+process, its prefix cache emptied before each pass. The work is
+``sc(cot, n=5)`` on the first ``--questions`` GSM8K test questions,
 ``--concurrency`` tasks at once, the loop detector on (retry policy, as the server
 runs it), every watched sample streamed (``whole_check_max_tokens=None``) or every
 call checked whole (the limit set to the pass's ``max_tokens``), alternated A B B A
-per ``--max-tokens`` value. Prints per side the wall seconds, the tokens the server
-generated, the loop stops found and the accuracy, and ``ratio whole/streamed`` of
-the mean walls. The backend's default limit is the longest ``max_tokens`` at which
-the whole check won here.
+per ``--max-tokens`` value. Prints per side the wall seconds, the tokens generated
+(the server's count; in-process, the completion tokens of the traces, which count
+every token up to a stop), the loop stops found and the accuracy, and
+``ratio whole/streamed`` of the mean walls. The backends' default limit is the
+longest ``max_tokens`` at which the whole check won here.
 
-    python bench/whole_check.py [--questions 32] [--max-tokens 128 512] [--rounds 2]
+    python bench/whole_check.py [--backend openai|vllm] [--questions 32]
+                                [--max-tokens 128 512] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -31,10 +35,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vs_optillm as vo  # noqa: E402  (sets the vLLM environment of the other benches)
 
 from refinery.engine.backends.openai import OpenAIBackend  # noqa: E402
+from refinery.engine.backends.vllm import VLLMBackend  # noqa: E402
 from refinery.engine.loops import CusumLoopDetector  # noqa: E402
 from refinery.engine.models import DEFAULT_MODEL  # noqa: E402
 from refinery.engine.run import run  # noqa: E402
@@ -56,39 +63,46 @@ class Pass:
     correct: int
 
 
-async def one_pass(side: str, max_tokens: int, examples, a: argparse.Namespace) -> Pass:
-    """One timed pass of every question; the server's prefix cache emptied first."""
-    import httpx
-
+async def one_pass(side: str, max_tokens: int, examples, engine: VLLMBackend | None,
+                   a: argparse.Namespace) -> Pass:
+    """One timed pass of every question, on ``engine`` or else on the vLLM server;
+    the engine's prefix cache emptied first."""
     from refinery.engine.graph import build_strategy
     from refinery.strategies.registry import REGISTRY
     from refinery.verifiers.math import extract_answer, is_equivalent
 
-    async with httpx.AsyncClient(timeout=30) as http:
-        (await http.post(vo.url("vllm", "/reset_prefix_cache"))).raise_for_status()
-    metrics = vo.url("vllm", "/metrics")
+    limit = None if side == "streamed" else max_tokens
+    if engine is not None:
+        await engine.engine.reset_prefix_cache()
+        engine.whole_check_max_tokens, backend = limit, engine
+    else:
+        async with httpx.AsyncClient(timeout=30) as http:
+            (await http.post(vo.url("vllm", "/reset_prefix_cache"))).raise_for_status()
+        backend = OpenAIBackend(DEFAULT_MODEL, vo.url("vllm"), whole_check_max_tokens=limit)
+        before = vo.scrape(vo.url("vllm", "/metrics"), vo.GEN_TOKENS)
     strategy, _ = build_strategy(SPEC, REGISTRY)
-    backend = OpenAIBackend(DEFAULT_MODEL, vo.url("vllm"),
-                            whole_check_max_tokens=None if side == "streamed" else max_tokens)
-    before = vo.scrape(metrics, vo.GEN_TOKENS)
     t0 = time.perf_counter()
     traces = await run(strategy, [e.to_task() for e in examples], backend,
                        concurrency=a.concurrency, params=SamplingParams(max_tokens=max_tokens),
                        loop_detector=CusumLoopDetector(), spec=SPEC)
     wall = time.perf_counter() - t0
-    await backend.aclose()
+    if engine is None:
+        await backend.aclose()
+        generated = vo.scrape(vo.url("vllm", "/metrics"), vo.GEN_TOKENS) - before
+    else:
+        generated = sum(t.usage.completion_tokens for t in traces)
     loops = sum(c.finish_reason == "loop" for t in traces for e in t.events
                 for c in e.completions or [])
     correct = sum(t.attempt is not None
                   and is_equivalent(extract_answer(t.attempt.text), e.gold)
                   for t, e in zip(traces, examples, strict=True))
-    return Pass(side, max_tokens, wall, vo.scrape(metrics, vo.GEN_TOKENS) - before,
-                loops, correct)
+    return Pass(side, max_tokens, wall, generated, loops, correct)
 
 
 def report(passes: list[Pass], a: argparse.Namespace) -> None:
+    where = "one vLLM server" if a.backend == "openai" else "in-process engine"
     print(f"\n{SPEC} on {a.questions} GSM8K questions, {a.concurrency} at once, "
-          "loop detector on, one vLLM server")
+          f"loop detector on, {where}")
     print(f"{'max_tokens':>10} {'side':<9} {'wall s (each)':<22} {'generated':>10} "
           f"{'loops':>6} {'right':>6}")
     for mt in a.max_tokens:
@@ -104,15 +118,20 @@ def report(passes: list[Pass], a: argparse.Namespace) -> None:
 
 
 async def passes(examples, a: argparse.Namespace) -> list[Pass]:
-    for side in SIDES:  # untimed: first-use costs land on neither side
-        await one_pass(side, 64, examples[:4], a)
-    out = []
-    for rnd in range(a.rounds):
-        for mt in a.max_tokens:
-            for side in (SIDES if rnd % 2 == 0 else SIDES[::-1]):
-                out.append(await one_pass(side, mt, examples, a))
-                print(out[-1], flush=True)
-    return out
+    engine = await VLLMBackend.create(DEFAULT_MODEL) if a.backend == "vllm" else None
+    try:
+        for side in SIDES:  # untimed: first-use costs land on neither side
+            await one_pass(side, 64, examples[:4], engine, a)
+        out = []
+        for rnd in range(a.rounds):
+            for mt in a.max_tokens:
+                for side in (SIDES if rnd % 2 == 0 else SIDES[::-1]):
+                    out.append(await one_pass(side, mt, examples, engine, a))
+                    print(out[-1], flush=True)
+        return out
+    finally:
+        if engine is not None:
+            await engine.aclose()
 
 
 def main() -> None:
@@ -121,10 +140,14 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--backend", choices=["openai", "vllm"], default="openai")
     a = ap.parse_args()
     from refinery.eval.datasets import load_gsm8k
 
     examples = load_gsm8k(limit=a.questions)
+    if a.backend == "vllm":
+        report(asyncio.run(passes(examples, a)), a)
+        return
     logdir = Path(tempfile.mkdtemp(prefix="whole-check-"))
     server = vo.vllm_server(logdir)
     try:

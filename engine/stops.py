@@ -171,6 +171,25 @@ def checks_whole(rule: StopRule | None) -> bool:
     return isinstance(rule, LoopRule) and isinstance(rule.detector, CusumLoopDetector)
 
 
+def check_whole(rule: StopRule, params: SamplingParams, n: int, limit: int | None) -> bool:
+    """Whether a backend may run a call of ``n`` samples under ``rule`` as one
+    n-sample request and check each sample once it ends, instead of streaming
+    each sample as its own request.
+
+    Only for rules that stop a whole text where they stop a stream
+    (:func:`checks_whole`), and only up to ``limit`` tokens (None: never): a
+    looping sample then runs to ``max_tokens``, so long calls lose more tokens
+    than one request saves. Never for n > 1 greedy samples, which vLLM refuses
+    in one request.
+
+    Example:
+        >>> check_whole(LoopRule(CusumLoopDetector()), SamplingParams(max_tokens=128), 5, 128)
+        True
+    """
+    return (limit is not None and params.max_tokens <= limit and checks_whole(rule)
+            and (n == 1 or params.temperature > 0))
+
+
 def wire_params(params: SamplingParams, rule: StopRule | None) -> SamplingParams:
     """What to ask the engine for: ``params``, with the top-k logprobs ``rule`` needs.
 

@@ -89,7 +89,7 @@ from refinery.engine.stops import (
     Watcher,
     as_rule,
     caller_tokens,
-    checks_whole,
+    check_whole,
     wire_params,
 )
 from refinery.engine.types import (
@@ -513,7 +513,7 @@ class OpenAIBackend:
         if n < 1:
             raise InvalidRequestError(f"n must be >= 1, got {n}", param="n")
         rule = as_rule(monitor)
-        if rule is not None and not self._checked_whole(rule, params, n):
+        if rule is not None and not check_whole(rule, params, n, self.whole_check_max_tokens):
             # A sample a stop rule ends must be stopped alone, so each one is streamed.
             return list(await asyncio.gather(
                 *(self._one_streamed(messages, params, rule) for _ in range(n))))
@@ -524,12 +524,6 @@ class OpenAIBackend:
                               params.max_tokens)
         return [self._choice(ch, usage, count, params, rule)
                 for ch, count in zip(choices, counts, strict=True)]
-
-    def _checked_whole(self, rule: StopRule, params: SamplingParams, n: int) -> bool:
-        limit = self.whole_check_max_tokens
-        # vLLM refuses n > 1 greedy samples in one request; as n requests it takes them.
-        return (limit is not None and params.max_tokens <= limit and checks_whole(rule)
-                and (n == 1 or params.temperature > 0))
 
     @staticmethod
     def _choice(ch: Any, usage: Any, count: int, params: SamplingParams,

@@ -4,9 +4,12 @@ Many coroutines call ``generate`` at once; vLLM batches their requests.
 ``n > 1`` uses vLLM's parallel sampling (one request, shared prompt prefix),
 except when a stop rule is on (the loop detector, a confidence rule;
 engine/stops.py): each sample is then its own streamed request, so a stopped
-sample can be aborted alone (prefix caching still shares the prompt). A rule
-that needs top-k logprobs gets them from vLLM whatever the caller asked for;
-the caller sees only the logprobs it asked for.
+sample can be aborted alone (prefix caching still shares the prompt). A call of
+at most ``whole_check_max_tokens`` (128) under rules that stop a whole text
+where they stop a stream (the CUSUM loop detector) stays one request whose
+samples are checked when they end, as ``OpenAIBackend`` does (stops.py,
+``check_whole``). A rule that needs top-k logprobs gets them from vLLM whatever
+the caller asked for; the caller sees only the logprobs it asked for.
 
 If the engine core process dies, ``dead`` turns True for good: requests in
 flight and new ones raise ``BackendUnavailableError`` (503). vLLM does not
@@ -53,6 +56,7 @@ from refinery.engine.stops import (
     Watcher,
     as_rule,
     caller_tokens,
+    check_whole,
     wire_params,
 )
 from refinery.engine.types import (
@@ -148,8 +152,11 @@ class VLLMBackend:
     structured_outputs = ALL_KINDS
 
     def __init__(self, engine: Any, tokenizer: Any, model: str, max_model_len: int,
-                 is_cpu: bool, dtype: DtypeChoice | None = None):
+                 is_cpu: bool, dtype: DtypeChoice | None = None,
+                 whole_check_max_tokens: int | None = 128):
         self.engine = engine
+        # Watched calls up to this many tokens are one request checked whole (stops.py).
+        self.whole_check_max_tokens = whole_check_max_tokens
         self.tokenizer = tokenizer
         self.model = model
         self.max_model_len = max_model_len
@@ -257,7 +264,8 @@ class VLLMBackend:
             raise InvalidRequestError(f"n must be >= 1, got {n}", param="n")
         ids = self.prompt_ids(messages)
         rule = as_rule(monitor)
-        if rule is not None:
+        if rule is not None and not check_whole(rule, params, n, self.whole_check_max_tokens):
+            # A sample a stop rule ends must be stopped alone, so each is its own request.
             return list(await asyncio.gather(
                 *(self._one_monitored(ids, params, rule) for _ in range(n))))
         from vllm.sampling_params import RequestOutputKind
@@ -267,16 +275,24 @@ class VLLMBackend:
         async for out in self._run(ids, sp):
             final = out
         assert final is not None
-        outs = sorted(final.outputs, key=lambda o: o.index)
-        comps = [self._completion(o.text, len(ids), len(o.token_ids), o.finish_reason,
-                                  o.cumulative_logprob if params.logprobs else None,
-                                  cached=cached_tokens(final))
-                 for o in outs]
+        cached = cached_tokens(final)
+        return [self._checked(o, len(ids), cached, params, rule)
+                for o in sorted(final.outputs, key=lambda o: o.index)]
+
+    def _checked(self, o: Any, prompt_tokens: int, cached: int | None,
+                 params: SamplingParams, rule: StopRule | None) -> Completion:
+        """One finished sample as a Completion, checked whole by ``rule`` (if any);
+        its tokens past a stop were generated, so they count."""
+        watch = WatchedSample(rule)
+        watch.add(o.text)
+        finish = watch.stop.reason if watch.stop else o.finish_reason
+        comp = self._completion(watch.text, prompt_tokens, len(o.token_ids), finish,
+                                o.cumulative_logprob if params.logprobs else None,
+                                watch.onset, cached)
+        comp.measures = watch.measures()
         if params.logprobs:
-            for comp, o in zip(comps, outs, strict=True):
-                comp.token_logprobs = token_logprobs(o.token_ids, o.logprobs,
-                                                     params.top_logprobs)
-        return comps
+            comp.token_logprobs = token_logprobs(o.token_ids, o.logprobs, params.top_logprobs)
+        return comp
 
     async def _one_monitored(self, ids: list[int], params: SamplingParams,
                              rule: StopRule) -> Completion:

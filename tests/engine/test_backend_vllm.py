@@ -18,6 +18,7 @@ from refinery.engine.errors import (
     UnknownModelError,
 )
 from refinery.engine.hardware import CpuInfo, cpu_dtype
+from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.types import Message, SamplingParams
 
@@ -83,6 +84,38 @@ async def test_stream_is_incremental_and_equals_generate(vllm_backend):
     assert len(pieces) > 3  # token by token, not one blob
     assert "".join(pieces) == whole.text == final.text
     assert final.completion_tokens == whole.completion_tokens
+
+
+REPEAT = [Message(role="user", content="Count: " + "1, 2, " * 8)]  # greedy, it loops
+
+
+async def test_a_short_watched_call_is_one_request_cut_where_streaming_cuts(
+        vllm_backend, monkeypatch):
+    from vllm.sampling_params import RequestOutputKind
+
+    sent = []  # (output kind, n) of each request the engine gets
+    real = vllm_backend.engine.generate
+
+    def counted(prompt, sp, request_id, *args, **kwargs):
+        sent.append((sp.output_kind, sp.n))
+        return real(prompt, sp, request_id, *args, **kwargs)
+
+    monkeypatch.setattr(vllm_backend.engine, "generate", counted)
+    greedy = SamplingParams(temperature=0, max_tokens=128)
+    [whole] = await vllm_backend.generate(REPEAT, greedy, monitor=CusumLoopDetector())
+    assert sent == [(RequestOutputKind.FINAL_ONLY, 1)]
+    monkeypatch.setattr(vllm_backend, "whole_check_max_tokens", None)
+    [streamed] = await vllm_backend.generate(REPEAT, greedy, monitor=CusumLoopDetector())
+    assert sent[1:] == [(RequestOutputKind.DELTA, 1)]
+    # The same greedy text, cut at the same place whether checked whole or streamed;
+    # checked whole, the tokens past the cut were generated and count.
+    assert whole.finish_reason == streamed.finish_reason == "loop"
+    assert whole.text == streamed.text and whole.loop_onset == streamed.loop_onset > 0
+    assert whole.completion_tokens > streamed.completion_tokens
+    monkeypatch.setattr(vllm_backend, "whole_check_max_tokens", 128)
+    outs = await vllm_backend.generate(REPEAT, SamplingParams(temperature=1.0, max_tokens=32),
+                                       n=3, monitor=CusumLoopDetector())
+    assert len(outs) == 3 and sent[2:] == [(RequestOutputKind.FINAL_ONLY, 3)]
 
 
 async def test_seeded_request_leaves_engine_alive(vllm_backend):

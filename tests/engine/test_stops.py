@@ -21,6 +21,7 @@ from refinery.engine.stops import (
     WatchedSample,
     as_rule,
     caller_tokens,
+    check_whole,
     checks_whole,
     combine,
     wire_params,
@@ -129,6 +130,16 @@ def test_only_chunk_free_rules_may_check_a_whole_text():
     assert not checks_whole(AnyRule((loop, ConfidenceRule())))
     assert not checks_whole(LoopRule(OtherDetector()))  # not known to be chunk-free
     assert not checks_whole(None)
+
+
+def test_a_call_is_checked_whole_only_when_short_chunk_free_and_not_n_greedy_samples():
+    loop, short = LoopRule(CusumLoopDetector()), SamplingParams(max_tokens=128)
+    assert check_whole(loop, short, 5, 128) and check_whole(loop, short, 1, 200)
+    assert not check_whole(loop, SamplingParams(max_tokens=129), 5, 128)
+    assert not check_whole(loop, short, 5, None)  # None: never
+    assert not check_whole(ConfidenceRule(), short, 5, 128)
+    greedy = SamplingParams(max_tokens=64, temperature=0)
+    assert check_whole(loop, greedy, 1, 128) and not check_whole(loop, greedy, 2, 128)
 
 
 def loop_cut_directly(text: str) -> int:
