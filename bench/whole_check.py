@@ -53,7 +53,8 @@ SIDES = ("streamed", "whole")
 
 @dataclass
 class Pass:
-    """One timed pass: its wall, the tokens the server generated, loop stops, right answers."""
+    """One timed pass: its wall, the tokens generated (the server's count, or in-process
+    the traces' completion tokens), loop stops, right answers."""
 
     side: str
     max_tokens: int

@@ -630,12 +630,13 @@ def split_tokens(total: int, choices: Sequence[Any], max_tokens: int) -> list[in
     if not free:
         return counts
     weights = [len(getattr(choices[i].message, "content", None) or "") + 1 for i in free]
-    shares = [rest * w / sum(weights) for w in weights]
-    for i, share in zip(free, shares, strict=True):
-        counts[i] = int(share)
-    by_remainder = sorted(range(len(free)), key=lambda k: shares[k] - int(shares[k]),
-                          reverse=True)
-    for k in by_remainder[:total - sum(counts)]:
+    whole = sum(weights)
+    shares = [rest * w / whole for w in weights]
+    floors = [int(share) for share in shares]
+    for i, floor in zip(free, floors, strict=True):
+        counts[i] = floor
+    by_remainder = sorted(range(len(free)), key=lambda k: shares[k] - floors[k], reverse=True)
+    for k in by_remainder[:rest - sum(floors)]:
         counts[free[k]] += 1
     return counts
 
