@@ -13,9 +13,13 @@ and the vLLM server's prefix cache is emptied before each timed pass:
 3. **in-process**: ``refinery serve`` on its own engine (the vLLM server stopped
    first; same dtype and engine settings), model ``sc(cot, n=5)@<model>``;
 4. **vllm-n5**, a reference, not a competitor: the clients ask the vLLM server
-   itself for ``n=5`` samples of each question (no proxy, no vote). It is the
-   engine doing the same sampling with nothing in front, so refinery's walls
-   against it show what refinery's own layer costs.
+   itself for ``n=5`` samples of each question (no proxy, no vote): the engine
+   doing OptiLLM's sampling with nothing in front.
+5. **vllm-cot**, the other reference: the vLLM server asked for ``n=5`` samples of
+   the request refinery's ``sc(cot, n=5)`` makes of each question (cot's
+   step-by-step instruction appended, sc's temperature 0.7). Refinery's walls
+   against it show what refinery's own layer costs; vllm-cot against vllm-n5 shows
+   what that request costs over the bare question.
 
 Work: the first ``--questions`` GSM8K test questions sent by ``--clients``
 concurrent official ``openai`` async clients, ``max_tokens`` 128. Per side it prints
@@ -24,12 +28,13 @@ the wall seconds, the tokens generated (the vLLM server's
 tokens, ``refinery_tokens_total{kind="completion"}``), the completion tokens the
 clients were told in ``usage``, the answers returned, how many were right (GSM8K
 gold, refinery's math verifier), and the ratios of refinery's wall times to
-OptiLLM's (targets: in-process <= 0.5, upstream <= 0.7). While a side runs, the vLLM
-sequences in flight are sampled, to show where the time goes.
+OptiLLM's (targets: in-process <= 0.5, upstream <= 0.7). While a side on the vLLM
+server runs, its sequences in flight are sampled every 2 s, to show where the time
+goes.
 
     make bench-peers   # once: OptiLLM into $REFINERY_HOME/peers/optillm
     python bench/vs_optillm.py [--questions 32] [--clients 16] [--rounds 2] [--warmup 4]
-                               [--sides optillm vllm-n5 upstream in-process]
+                               [--sides optillm vllm-n5 vllm-cot upstream in-process]
 """
 
 from __future__ import annotations
@@ -55,13 +60,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from strategy_throughput import DATA, VLLMConfig, engine_kwargs  # noqa: E402
 
 from refinery.engine.models import DEFAULT_MODEL, refinery_home  # noqa: E402
+from refinery.engine.types import Message, Task  # noqa: E402
+from refinery.strategies.cot import CoT  # noqa: E402
+from refinery.strategies.self_consistency import SelfConsistency  # noqa: E402
 
-SIDES = ("optillm", "vllm-n5", "upstream", "in-process")
+SIDES = ("optillm", "vllm-n5", "vllm-cot", "upstream", "in-process")
 SAMPLES = 5  # the n of SPEC
 SPEC = "sc(cot, n=5)"
 PORTS = {"vllm": 8701, "optillm": 8702, "refinery": 8703}
 GEN_TOKENS = re.compile(r"^vllm:generation_tokens_total\{[^}]*\}\s+([0-9.e+]+)", re.M)
 RUNNING = re.compile(r"^vllm:num_requests_(?:running|waiting)\{[^}]*\}\s+([0-9.e+]+)", re.M)
+# Seconds between scrapes of the vLLM server's /metrics while a side on it runs. The
+# scrapes cost that server's process CPU the in-process side (no scrapes) does not
+# pay: every 0.5 s, vllm-cot passes took 1.04x as long as without (A B B A x2).
+SAMPLE_EVERY = 2.0
+# What the reference sides separate: the engine's share of OptiLLM's time, the cost
+# of refinery's request over the bare question, and refinery's own layer.
+REFERENCE_RATIOS = (
+    ("vllm-n5", "optillm", "the engine's own server doing OptiLLM's sampling, no proxy"),
+    ("vllm-cot", "optillm", "the engine's own server doing refinery's sampling, no proxy"),
+    ("vllm-cot", "vllm-n5", "refinery's cot request over the bare question, same engine"),
+    ("in-process", "vllm-cot", "refinery's layer, in-process, over the same work"),
+    ("upstream", "vllm-cot", "refinery's layer, through the upstream, over the same work"),
+)
 REFINERY_TOKENS = re.compile(
     r'^refinery_tokens_total\{[^}]*kind="completion"[^}]*\}\s+([0-9.e+]+)', re.M)
 
@@ -155,6 +176,26 @@ def optillm_server(logdir: Path, upstream: str) -> Service | None:
     return Service("optillm", cmd, env, logdir)
 
 
+@dataclass(frozen=True)
+class Ask:
+    """What a side's clients send for each question: the model they name, their
+    ``n``, whether they put it as refinery's cot does, and the temperature (None:
+    the server's default)."""
+
+    model: str
+    n: int = 1
+    as_cot: bool = False
+    temperature: float | None = None
+
+    def request(self, question: str) -> dict:
+        msgs = [Message(role="user", content=question)]
+        if self.as_cot:
+            msgs = CoT().messages(Task(messages=msgs))
+        extra = {} if self.temperature is None else {"temperature": self.temperature}
+        return {"model": self.model, "n": self.n,
+                "messages": [m.model_dump(include={"role", "content"}) for m in msgs], **extra}
+
+
 # ------------------------------------------------------------------ the work
 
 
@@ -166,8 +207,8 @@ def load_work(n: int) -> list[tuple[str, str]]:
     return [(r["question"], gsm8k_gold(r["answer"])) for r in rows]
 
 
-async def run_clients(base_url: str, model: str, work: list[tuple[str, str]], clients: int,
-                      max_tokens: int, side: Side, n: int = 1) -> None:
+async def run_clients(base_url: str, ask: Ask, work: list[tuple[str, str]], clients: int,
+                      max_tokens: int, side: Side) -> None:
     """``clients`` concurrent openai clients over ``work``; fills ``side``."""
     from openai import AsyncOpenAI
 
@@ -182,9 +223,8 @@ async def run_clients(base_url: str, model: str, work: list[tuple[str, str]], cl
         while not queue.empty():
             question, gold = queue.get_nowait()
             try:
-                r = await api.chat.completions.create(
-                    model=model, max_tokens=max_tokens, n=n,
-                    messages=[{"role": "user", "content": question}])
+                r = await api.chat.completions.create(max_tokens=max_tokens,
+                                                      **ask.request(question))
             except Exception as exc:  # a side's failure is a figure, not a crash
                 side.errors.append(f"{type(exc).__name__}: {exc}"[:200])
                 continue
@@ -210,15 +250,14 @@ async def sample_in_flight(metrics_url: str, samples: list[float]) -> None:
             samples.append(await asyncio.to_thread(scrape, metrics_url, RUNNING))
         except httpx.HTTPError:
             pass
-        await asyncio.sleep(0.5)
+        await asyncio.sleep(SAMPLE_EVERY)
 
 
-async def measure(name: str, base_url: str, model: str, tokens_url: str,
-                  tokens_re: re.Pattern[str], a: argparse.Namespace, work: Work,
-                  n: int = 1) -> Side:
+async def measure(name: str, base_url: str, ask: Ask, tokens_url: str,
+                  tokens_re: re.Pattern[str], a: argparse.Namespace, work: Work) -> Side:
     """One side's timed pass over ``work.timed``, after an untimed pass over ``work.warmup``."""
     if work.warmup:  # first-use costs (kernels, imports, connections) land on no side
-        await run_clients(base_url, model, work.warmup, a.clients, a.max_tokens, Side(name), n)
+        await run_clients(base_url, ask, work.warmup, a.clients, a.max_tokens, Side(name))
     if tokens_re is GEN_TOKENS:  # the same prompts must not find another side's cache
         async with httpx.AsyncClient(timeout=30) as http:
             (await http.post(url("vllm", "/reset_prefix_cache"))).raise_for_status()
@@ -228,7 +267,7 @@ async def measure(name: str, base_url: str, model: str, tokens_url: str,
     sampler = (asyncio.create_task(sample_in_flight(tokens_url, samples))
                if tokens_re is GEN_TOKENS else None)
     t0 = time.perf_counter()
-    await run_clients(base_url, model, work.timed, a.clients, a.max_tokens, side, n)
+    await run_clients(base_url, ask, work.timed, a.clients, a.max_tokens, side)
     side.wall_seconds = time.perf_counter() - t0
     if sampler:
         sampler.cancel()
@@ -252,15 +291,18 @@ def url(name: str, path: str = "/v1") -> str:
     return f"http://127.0.0.1:{PORTS[name]}{path}"
 
 
-def upstream_side(name: str, logdir: Path) -> tuple[Service | None, str, str, int]:
+def upstream_side(name: str, logdir: Path) -> tuple[Service | None, str, Ask]:
     """What a side on the vLLM server runs: its proxy (None: the clients ask vLLM
-    itself), the proxy's port, the model the clients name, and their ``n``."""
+    itself), the proxy's port, and what the clients send."""
     if name == "vllm-n5":
-        return None, "vllm", DEFAULT_MODEL, SAMPLES
+        return None, "vllm", Ask(DEFAULT_MODEL, SAMPLES)
+    if name == "vllm-cot":
+        return None, "vllm", Ask(DEFAULT_MODEL, SAMPLES, as_cot=True,
+                                 temperature=SelfConsistency.Params().temperature)
     if name == "optillm":
         return (optillm_server(logdir, url("vllm")), "optillm",
-                f"self_consistency-{DEFAULT_MODEL}", 1)
-    return refinery_server(logdir, url("vllm")), "refinery", f"{SPEC}@{DEFAULT_MODEL}", 1
+                Ask(f"self_consistency-{DEFAULT_MODEL}"))
+    return refinery_server(logdir, url("vllm")), "refinery", Ask(f"{SPEC}@{DEFAULT_MODEL}")
 
 
 def run_upstream_sides(names: list[str], a: argparse.Namespace, work: Work,
@@ -272,15 +314,15 @@ def run_upstream_sides(names: list[str], a: argparse.Namespace, work: Work,
         upstream.wait_ready(url("vllm", "/health"))
         metrics = url("vllm", "/metrics")
         for name in names:
-            proxy, port, model, n = upstream_side(name, logdir)
+            proxy, port, ask = upstream_side(name, logdir)
             if proxy is None and name == "optillm":
                 print("optillm: skipped, not installed (run `make bench-peers`)", flush=True)
                 continue
             try:
                 if proxy is not None:
                     proxy.wait_ready(url(port, "/health"))
-                sides.append(asyncio.run(measure(name, url(port), model, metrics, GEN_TOKENS,
-                                                 a, work, n)))
+                sides.append(asyncio.run(measure(name, url(port), ask, metrics, GEN_TOKENS,
+                                                 a, work)))
             finally:
                 if proxy is not None:
                     proxy.stop()
@@ -294,7 +336,7 @@ def run_in_process_side(a: argparse.Namespace, work: Work, logdir: Path) -> Side
     server = refinery_server(logdir, None)
     try:
         server.wait_ready(url("refinery", "/health"))
-        side = asyncio.run(measure("in-process", url("refinery"), f"{SPEC}@{DEFAULT_MODEL}",
+        side = asyncio.run(measure("in-process", url("refinery"), Ask(f"{SPEC}@{DEFAULT_MODEL}"),
                                    url("refinery", "/metrics"), REFINERY_TOKENS, a, work))
     finally:
         server.stop()
@@ -343,14 +385,10 @@ def report(rounds: list[list[Side]], a: argparse.Namespace) -> None:
             print(f"wall {name}/optillm {statistics.mean(walls[name]) / base:.3f} "
                   f"(means of {len(walls[name])}; by round "
                   f"{' '.join(f'{r:.3f}' for r in per_round)}; target <= {target})")
-    if "vllm-n5" in walls:  # what the engine alone does with the same sampling
-        ref = statistics.mean(walls["vllm-n5"])
-        if base is not None:
-            print(f"wall vllm-n5/optillm {ref / base:.3f} (the engine's own server, no proxy)")
-        for name in ("in-process", "upstream"):
-            if name in walls:
-                print(f"wall {name}/vllm-n5 {statistics.mean(walls[name]) / ref:.3f} "
-                      "(refinery's layer over the engine's own server)")
+    mean = {name: statistics.mean(w) for name, w in walls.items()}
+    for num, den, what in REFERENCE_RATIOS:
+        if num in mean and den in mean:
+            print(f"wall {num}/{den} {mean[num] / mean[den]:.3f} ({what})")
 
 
 def main() -> None:
