@@ -62,10 +62,11 @@ from strategy_throughput import DATA, VLLMConfig, engine_kwargs  # noqa: E402
 from refinery.engine.models import DEFAULT_MODEL, refinery_home  # noqa: E402
 from refinery.engine.types import Message, Task  # noqa: E402
 from refinery.strategies.cot import CoT  # noqa: E402
+from refinery.strategies.registry import build  # noqa: E402
 from refinery.strategies.self_consistency import SelfConsistency  # noqa: E402
 
 SIDES = ("optillm", "vllm-n5", "vllm-cot", "upstream", "in-process")
-SAMPLES = 5  # the n of SPEC
+SAMPLES = 5  # OptiLLM's self_consistency samples and the n of SPEC
 SPEC = "sc(cot, n=5)"
 PORTS = {"vllm": 8701, "optillm": 8702, "refinery": 8703}
 GEN_TOKENS = re.compile(r"^vllm:generation_tokens_total\{[^}]*\}\s+([0-9.e+]+)", re.M)
@@ -179,18 +180,18 @@ def optillm_server(logdir: Path, upstream: str) -> Service | None:
 @dataclass(frozen=True)
 class Ask:
     """What a side's clients send for each question: the model they name, their
-    ``n``, whether they put it as refinery's cot does, and the temperature (None:
-    the server's default)."""
+    ``n``, the cot strategy whose messages they send (None: the bare question), and
+    the temperature (None: the server's default)."""
 
     model: str
     n: int = 1
-    as_cot: bool = False
+    cot: CoT | None = None
     temperature: float | None = None
 
     def request(self, question: str) -> dict:
         msgs = [Message(role="user", content=question)]
-        if self.as_cot:
-            msgs = CoT().messages(Task(messages=msgs))
+        if self.cot is not None:
+            msgs = self.cot.messages(Task(messages=msgs))
         extra = {} if self.temperature is None else {"temperature": self.temperature}
         return {"model": self.model, "n": self.n,
                 "messages": [m.model_dump(include={"role", "content"}) for m in msgs], **extra}
@@ -291,18 +292,25 @@ def url(name: str, path: str = "/v1") -> str:
     return f"http://127.0.0.1:{PORTS[name]}{path}"
 
 
-def upstream_side(name: str, logdir: Path) -> tuple[Service | None, str, Ask]:
+def spec_request(spec: str) -> Ask:
+    """The request ``spec`` (self-consistency over a cot) makes of vLLM per question."""
+    sc = build(spec)
+    if not (isinstance(sc, SelfConsistency) and isinstance(sc.inner[0], CoT)):
+        raise SystemExit(f"--spec {spec!r}: the vllm-cot side needs sc over a cot")
+    return Ask(DEFAULT_MODEL, sc.params.n, sc.inner[0], sc.params.temperature)
+
+
+def upstream_side(name: str, spec: str, logdir: Path) -> tuple[Service | None, str, Ask]:
     """What a side on the vLLM server runs: its proxy (None: the clients ask vLLM
     itself), the proxy's port, and what the clients send."""
     if name == "vllm-n5":
         return None, "vllm", Ask(DEFAULT_MODEL, SAMPLES)
     if name == "vllm-cot":
-        return None, "vllm", Ask(DEFAULT_MODEL, SAMPLES, as_cot=True,
-                                 temperature=SelfConsistency.Params().temperature)
+        return None, "vllm", spec_request(spec)
     if name == "optillm":
         return (optillm_server(logdir, url("vllm")), "optillm",
                 Ask(f"self_consistency-{DEFAULT_MODEL}"))
-    return refinery_server(logdir, url("vllm")), "refinery", Ask(f"{SPEC}@{DEFAULT_MODEL}")
+    return refinery_server(logdir, url("vllm")), "refinery", Ask(f"{spec}@{DEFAULT_MODEL}")
 
 
 def run_upstream_sides(names: list[str], a: argparse.Namespace, work: Work,
@@ -314,7 +322,7 @@ def run_upstream_sides(names: list[str], a: argparse.Namespace, work: Work,
         upstream.wait_ready(url("vllm", "/health"))
         metrics = url("vllm", "/metrics")
         for name in names:
-            proxy, port, ask = upstream_side(name, logdir)
+            proxy, port, ask = upstream_side(name, a.spec, logdir)
             if proxy is None and name == "optillm":
                 print("optillm: skipped, not installed (run `make bench-peers`)", flush=True)
                 continue
@@ -336,7 +344,7 @@ def run_in_process_side(a: argparse.Namespace, work: Work, logdir: Path) -> Side
     server = refinery_server(logdir, None)
     try:
         server.wait_ready(url("refinery", "/health"))
-        side = asyncio.run(measure("in-process", url("refinery"), Ask(f"{SPEC}@{DEFAULT_MODEL}"),
+        side = asyncio.run(measure("in-process", url("refinery"), Ask(f"{a.spec}@{DEFAULT_MODEL}"),
                                    url("refinery", "/metrics"), REFINERY_TOKENS, a, work))
     finally:
         server.stop()
@@ -364,7 +372,7 @@ def run_round(rnd: int, a: argparse.Namespace, work: Work, logdir: Path) -> list
 
 def report(rounds: list[list[Side]], a: argparse.Namespace) -> None:
     print(f"\n{a.questions} GSM8K questions, {a.clients} clients, max_tokens {a.max_tokens}, "
-          f"refinery {SPEC}, {len(rounds)} round(s), each side warmed up on {a.warmup} "
+          f"refinery {a.spec}, {len(rounds)} round(s), each side warmed up on {a.warmup} "
           "other questions first")
     print(f"{'round':<5} {'side':<11} {'wall s':>8} {'generated':>10} {'usage':>8} "
           f"{'answers':>8} {'right':>6} {'in flight':>9} errors")
@@ -400,7 +408,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=4,
                     help="questions after the timed ones, sent untimed before each side")
     ap.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    ap.add_argument("--spec", default=SPEC,
+                    help="refinery's strategy; the vllm-cot side asks what it asks")
     a = ap.parse_args()
+    if "vllm-cot" in a.sides:
+        spec_request(a.spec)  # refuse a spec it cannot mirror before any side runs
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     rows = load_work(a.questions + a.warmup)
     work = Work(timed=rows[:a.questions], warmup=rows[a.questions:])
