@@ -35,6 +35,10 @@ goes.
     make bench-peers   # once: OptiLLM into $REFINERY_HOME/peers/optillm
     python bench/vs_optillm.py [--questions 32] [--clients 16] [--rounds 2] [--warmup 4]
                                [--sides optillm vllm-n5 vllm-cot upstream in-process]
+                               [--spec "sc(cot, n=5)"]
+
+``--spec 'sc(cot(instruction=""), n=5)'`` runs refinery on the bare question, as
+OptiLLM's samples ask it (at sc's temperature 0.7; OptiLLM's and vllm-n5's are at 1).
 """
 
 from __future__ import annotations
