@@ -16,8 +16,8 @@ and the vLLM server's prefix cache is emptied before each timed pass:
    itself for ``n=5`` samples of each question (no proxy, no vote): the engine
    doing OptiLLM's sampling with nothing in front.
 5. **vllm-cot**, the other reference: the vLLM server asked for ``n=5`` samples of
-   the request refinery's ``sc(cot, n=5)`` makes of each question (cot's
-   step-by-step instruction appended, sc's temperature 0.7). Refinery's walls
+   the request refinery's ``sc(cot, n=5)`` (or ``--spec``) makes of each question
+   (cot's step-by-step instruction appended, sc's temperature 0.7). Refinery's walls
    against it show what refinery's own layer costs; vllm-cot against vllm-n5 shows
    what that request costs over the bare question.
 
@@ -297,7 +297,8 @@ def url(name: str, path: str = "/v1") -> str:
 
 
 def spec_request(spec: str) -> Ask:
-    """The request ``spec`` (self-consistency over a cot) makes of vLLM per question."""
+    """The request ``spec`` (self-consistency over a cot) makes of vLLM per question:
+    its messages, ``n`` and temperature (not the logprobs a log-prob tie-break asks)."""
     sc = build(spec)
     if not (isinstance(sc, SelfConsistency) and isinstance(sc.inner[0], CoT)):
         raise SystemExit(f"--spec {spec!r}: the vllm-cot side needs sc over a cot")
