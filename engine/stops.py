@@ -32,12 +32,13 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from refinery.engine.loops import CusumLoopDetector, LoopDetector, Monitor, cut_at
-from refinery.engine.types import FinishReason, SamplingParams, TokenLogprob
+from refinery.engine.types import Delta, FinishReason, SamplingParams, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -252,3 +253,51 @@ class WatchedSample:
 
     def measures(self) -> dict[str, Any] | None:
         return self.monitor.measures() if self.monitor is not None else None
+
+
+@dataclass
+class Piece:
+    """One piece of a streamed sample as a backend receives it from its engine."""
+
+    text: str
+    tokens: list[TokenLogprob] | None = None  # the piece's tokens, when fetched
+    n_tokens: int = 0
+    finish_reason: str | None = None
+
+
+class WatchedStream:
+    """The one loop every backend streams a sample through: pieces in, deltas out.
+
+    ``deltas`` passes each piece through a ``WatchedSample`` of ``rule``, yields
+    what the caller may see (text, and the logprobs it asked for), and ends as
+    soon as a monitor stops the sample; closing the piece iterator then is how
+    the engine learns to abort the request. Afterwards ``finish``, ``n_tokens``,
+    ``tokens`` and ``watch`` describe the sample, for the backend's Completion.
+
+    Example:
+        >>> stream = WatchedStream(as_rule(CusumLoopDetector()), SamplingParams())
+        >>> async for delta in stream.deltas(pieces):  # doctest: +SKIP
+        ...     print(delta.text, end="")
+    """
+
+    def __init__(self, rule: StopRule | None, params: SamplingParams) -> None:
+        self.watch = WatchedSample(rule)
+        self.params = params
+        self.finish: str | None = None
+        self.n_tokens = 0
+        self.tokens: list[TokenLogprob] = []
+
+    async def deltas(self, pieces: AsyncIterator[Piece]) -> AsyncIterator[Delta]:
+        async with contextlib.aclosing(pieces):
+            async for piece in pieces:
+                self.n_tokens += piece.n_tokens
+                shown = caller_tokens(piece.tokens, self.params)
+                self.tokens += shown or []
+                kept = self.watch.add(piece.text, piece.tokens)
+                if kept or shown:
+                    yield Delta(text=kept, logprobs=shown)
+                if self.watch.stop is not None:
+                    self.finish = self.watch.stop.reason
+                    return
+                if piece.finish_reason is not None:
+                    self.finish = piece.finish_reason

@@ -50,7 +50,14 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from refinery.engine.constraints import ALL_KINDS, require_support
-from refinery.engine.stops import StopRule, WatchedSample, as_rule, caller_tokens, wire_params
+from refinery.engine.stops import (
+    Piece,
+    StopRule,
+    WatchedStream,
+    as_rule,
+    caller_tokens,
+    wire_params,
+)
 from refinery.engine.types import (
     Completion,
     Delta,
@@ -202,15 +209,11 @@ class ScriptedBackend:
     async def _deltas(self, comp: Completion, params: SamplingParams,
                       rule: StopRule | None) -> AsyncIterator[Delta]:
         """``comp`` word by word through a monitor of ``rule``, as a real backend streams."""
-        watch, tokens, used = WatchedSample(rule), comp.token_logprobs or [], 0
-        for j, piece in enumerate(re.findall(r"\s*\S+", comp.text)):
-            used = j + 1
-            shown = caller_tokens(tokens[j:j + 1], params) or None
-            kept = watch.add(piece, tokens[j:j + 1] or None)
-            if kept or shown:
-                yield Delta(text=kept, logprobs=shown)
-            if watch.stop is not None:
-                break
+        tokens = comp.token_logprobs or []
+        stream = WatchedStream(rule, params)
+        async for delta in stream.deltas(_pieces(comp.text, tokens)):
+            yield delta
+        watch, used = stream.watch, stream.n_tokens
         if rule is not None:
             stop = watch.stop
             comp = comp.model_copy(update={
@@ -244,3 +247,9 @@ def _word_logprobs(text: str, i: int, top: int, tops: Tops | None = None) -> lis
 
     return [TokenLogprob(token=p, logprob=values(j)[0], bytes=list(p.encode()),
                          top_logprobs=alternatives(p, values(j))) for j, p in enumerate(pieces)]
+
+
+async def _pieces(text: str, tokens: list[TokenLogprob]) -> AsyncIterator[Piece]:
+    """``text`` word by word, each word one token, as a real engine streams it."""
+    for j, word in enumerate(re.findall(r"\s*\S+", text)):
+        yield Piece(word, tokens[j:j + 1] or None, 1)

@@ -54,6 +54,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import email.utils
 import itertools
 import json
@@ -84,11 +85,12 @@ from refinery.engine.errors import (
     UnknownModelError,
 )
 from refinery.engine.stops import (
+    Piece,
     StopRule,
     WatchedSample,
+    WatchedStream,
     Watcher,
     as_rule,
-    caller_tokens,
     check_whole,
     wire_params,
 )
@@ -560,29 +562,10 @@ class OpenAIBackend:
         # Retries cover opening the stream; a failure mid-stream is raised, since
         # replaying would duplicate text the caller has already seen.
         response = await self._call(lambda c: _open_stream(c, kw), params.affinity)
-        watch = WatchedSample(rule)
-        finish, usage, n_tokens, tokens = None, None, 0, []
+        stream, usage = WatchedStream(rule, params), _Usage()
         try:
-            async for chunk in _chunks(response):
-                if chunk.get("usage"):
-                    usage = openai.types.CompletionUsage.model_validate(chunk["usage"])
-                if not chunk.get("choices"):
-                    continue
-                ch = chunk["choices"][0]
-                piece = (ch.get("delta") or {}).get("content") or ""
-                lps = _token_logprobs(ch.get("logprobs")) if wire.logprobs else None
-                # Without logprobs a chunk is counted as one token (vLLM sends one each).
-                n_tokens += len(lps) if lps else bool(piece)
-                shown = caller_tokens(lps, params)
-                tokens += shown or []
-                kept = watch.add(piece, lps)
-                if kept or shown:
-                    yield Delta(text=kept, logprobs=shown)
-                if watch.stop is not None:
-                    finish = watch.stop.reason
-                    break
-                if ch.get("finish_reason"):
-                    finish = ch["finish_reason"]
+            async for delta in stream.deltas(_pieces(response, wire, usage)):
+                yield delta
         except openai.APIError as exc:
             # An upstream that dies mid-answer shows up as an APIConnectionError
             # (a RemoteProtocolError underneath), an error event as an APIError.
@@ -593,11 +576,12 @@ class OpenAIBackend:
             # Closing the HTTP response is how an OpenAI-compatible server learns
             # to abort the request (a stop rule, or our cancellation).
             await response.close()
+        watch, tokens, got = stream.watch, stream.tokens, usage.usage
         comp = Completion(
-            text=watch.text, prompt_tokens=usage.prompt_tokens if usage else 0,
-            cached_tokens=cached_tokens(usage),
-            completion_tokens=usage.completion_tokens if usage else n_tokens,
-            finish_reason=_finish(finish), loop_onset=watch.onset,
+            text=watch.text, prompt_tokens=got.prompt_tokens if got else 0,
+            cached_tokens=cached_tokens(got),
+            completion_tokens=got.completion_tokens if got else stream.n_tokens,
+            finish_reason=_finish(stream.finish), loop_onset=watch.onset,
             token_logprobs=tokens if params.logprobs else None, measures=watch.measures(),
             logprob=sum(t.logprob for t in tokens) if params.logprobs and tokens else None)
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
@@ -660,6 +644,27 @@ async def _open_stream(client: openai.AsyncOpenAI, kw: dict) -> Any:
     request and raises on an error status; retrying is ``_call``'s.
     """
     return await client.chat.completions.with_streaming_response.create(**kw).__aenter__()
+
+
+@dataclasses.dataclass
+class _Usage:
+    """The usage chunk of a stream, when the upstream sends one."""
+
+    usage: openai.types.CompletionUsage | None = None
+
+
+async def _pieces(response: Any, wire: SamplingParams, got: _Usage) -> AsyncIterator[Piece]:
+    """A chat stream's chunks as pieces (the usage chunk goes to ``got``)."""
+    async for chunk in _chunks(response):
+        if chunk.get("usage"):
+            got.usage = openai.types.CompletionUsage.model_validate(chunk["usage"])
+        if not chunk.get("choices"):
+            continue
+        ch = chunk["choices"][0]
+        piece = (ch.get("delta") or {}).get("content") or ""
+        lps = _token_logprobs(ch.get("logprobs")) if wire.logprobs else None
+        # Without logprobs a chunk is counted as one token (vLLM sends one each).
+        yield Piece(piece, lps, len(lps) if lps else int(bool(piece)), ch.get("finish_reason"))
 
 
 async def _chunks(response: Any) -> AsyncIterator[dict]:

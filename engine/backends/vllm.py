@@ -51,11 +51,12 @@ from refinery.engine.errors import (
 from refinery.engine.hardware import DtypeChoice, choose_dtype
 from refinery.engine.models import DEFAULT_MODEL, resolve_model
 from refinery.engine.stops import (
+    Piece,
     StopRule,
     WatchedSample,
+    WatchedStream,
     Watcher,
     as_rule,
-    caller_tokens,
     check_whole,
     wire_params,
 )
@@ -312,32 +313,29 @@ class VLLMBackend:
 
         wire = wire_params(params, rule)  # with the top-k logprobs the rule needs
         sp = self._sampling(wire, 1, len(ids), RequestOutputKind.DELTA)
-        watch = WatchedSample(rule)
-        n_tokens, logprob, finish, tokens, cached = 0, 0.0, None, [], None
-        async with contextlib.aclosing(self._run(ids, sp)) as outs:
-            async for out in outs:
-                cached = cached_tokens(out, cached)
-                o = out.outputs[0]
-                n_tokens += len(o.token_ids)
-                if o.cumulative_logprob is not None:
-                    logprob = o.cumulative_logprob
-                lps = (token_logprobs(o.token_ids, o.logprobs, wire.top_logprobs)
-                       if wire.logprobs else None)
-                shown = caller_tokens(lps, params)
-                tokens += shown or []
-                kept = watch.add(o.text, lps)
-                if kept or shown:
-                    yield Delta(text=kept, logprobs=shown)
-                if watch.stop is not None:  # closing the generator aborts the vLLM request
-                    finish = watch.stop.reason
-                    break
-                if o.finish_reason is not None:
-                    finish = o.finish_reason
-        comp = self._completion(watch.text, len(ids), n_tokens, finish or "abort",
-                                logprob if params.logprobs else None, watch.onset, cached)
-        comp.token_logprobs = tokens if params.logprobs else None
+        stream, tally = WatchedStream(rule, params), _Tally()
+        async for delta in stream.deltas(self._pieces(ids, sp, wire, tally)):
+            yield delta
+        watch = stream.watch
+        comp = self._completion(watch.text, len(ids), stream.n_tokens, stream.finish or "abort",
+                                tally.logprob if params.logprobs else None, watch.onset,
+                                tally.cached)
+        comp.token_logprobs = stream.tokens if params.logprobs else None
         comp.measures = watch.measures()
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
+
+    async def _pieces(self, ids: list[int], sp: Any, wire: SamplingParams,
+                      tally: _Tally) -> AsyncIterator[Piece]:
+        """One request's outputs as pieces; closing this aborts the vLLM request."""
+        async with contextlib.aclosing(self._run(ids, sp)) as outs:
+            async for out in outs:
+                tally.cached = cached_tokens(out, tally.cached)
+                o = out.outputs[0]
+                if o.cumulative_logprob is not None:
+                    tally.logprob = o.cumulative_logprob
+                lps = (token_logprobs(o.token_ids, o.logprobs, wire.top_logprobs)
+                       if wire.logprobs else None)
+                yield Piece(o.text, lps, len(o.token_ids), o.finish_reason)
 
     async def _run(self, ids: list[int], sp: Any) -> AsyncIterator[Any]:
         """Iterate one request's outputs; cancellation or close aborts it in vLLM."""
@@ -506,3 +504,11 @@ def _reap(procs: list[Any], grace: float = 5.0) -> None:
             p.kill()
     psutil.wait_procs(left, timeout=grace)
     log.warning("reaped %d leftover vLLM process(es)", len(alive))
+
+
+@dataclass
+class _Tally:
+    """What a streamed request's outputs say beyond its pieces."""
+
+    logprob: float = 0.0
+    cached: int | None = None

@@ -17,8 +17,10 @@ from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.stops import (
     AnyRule,
     LoopRule,
+    Piece,
     Stop,
     WatchedSample,
+    WatchedStream,
     as_rule,
     caller_tokens,
     check_whole,
@@ -323,3 +325,32 @@ async def test_greedy_samples_under_the_loop_detector_are_streamed_apart():
                           monitor=CusumLoopDetector())
     [one] = upstream.bodies  # one greedy sample: one request, checked whole
     assert one["n"] == 1 and not one.get("stream")
+
+
+async def test_watched_stream_stops_and_closes_the_pieces():
+    closed = []
+
+    async def pieces():
+        try:
+            for word in ["one", " two", " three", " four"]:
+                yield Piece(word, None, 1, None)
+        finally:
+            closed.append(True)
+
+    class StopAtThree:
+        top_logprobs = 0
+
+        def start(self):
+            class Monitor:
+                def feed(self, text, tokens):
+                    return Stop("loop") if "three" in text else None
+
+                def measures(self):
+                    return None
+            return Monitor()
+
+    stream = WatchedStream(StopAtThree(), SamplingParams())
+    texts = [d.text async for d in stream.deltas(pieces())]
+    assert texts == ["one", " two", " three"]
+    assert (stream.finish, stream.n_tokens, stream.watch.text) == ("loop", 3, "one two three")
+    assert closed == [True]  # closing the pieces is how the engine learns to abort
