@@ -11,7 +11,7 @@ Ray's own processes, go away with it), alternated A B C A B C over ``--rounds``:
 
 Two rates per run: end to end (engine start included), and the solve phase
 (completion tokens over the time after the engines were ready; Ray logs when
-its actors are). Prints each, then ``ratio ray-1/local`` (target >= 0.9: what
+its actors are). Prints each, then ``ratio ray-1/local`` (what
 Ray's plumbing costs) and ``ratio ray-K/local`` (what K engines buy here: on
 2 cores two engines split the same compute, so expect about 1, not K).
 

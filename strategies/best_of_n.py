@@ -62,7 +62,7 @@ class BestOfN(LoopStrategy):
     1-10. Ties go to the candidate sampled first. A plain ``cot`` inner
     samples all n in one request.
 
-    ``structured`` (ours, issue #19; default: when the backend enforces
+    ``structured`` (refinery's addition; default: when the backend enforces
     regexes) constrains the judge's reply to one paragraph of checking, then
     ``Score: 1..10`` (:func:`~refinery.verifiers.judge.score_form`), so the
     grade is always readable; ``structured=False`` is the free-text judge.

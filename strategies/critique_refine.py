@@ -93,7 +93,7 @@ class CritiqueRefine(LoopStrategy):
     the best-scored attempt, not just the last. Every candidate is critiqued,
     so ``rounds`` refinements cost 2 * rounds + 1 requests beyond the draft.
 
-    ``structured`` (ours, issue #19; default: when the backend enforces
+    ``structured`` (refinery's addition; default: when the backend enforces
     regexes) constrains the critique to the form its prompt shows (:data:`CRITIQUE_FORM`:
     a line on what the problem requires, ``Dimension: 1-4 - reason`` per
     dimension, ``Summary:``, ``Directive:``, each part one bounded line), so

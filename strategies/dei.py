@@ -73,7 +73,7 @@ class DEI(LoopStrategy):
     tied candidates; if they are still tied, the answer most members gave
     wins, then the member listed first.
 
-    ``structured`` (ours, issue #19; default: when the backend enforces
+    ``structured`` (refinery's addition; default: when the backend enforces
     regexes) constrains each review to :data:`REVIEW_FORM`: the five
     paragraphs, numbered, one line of at most ``PARAGRAPH_CHARS`` characters
     each, then ``Score: 1..10``. The rationale stays free within its lines;

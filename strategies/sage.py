@@ -124,7 +124,7 @@ class SAGE(LoopStrategy):
     last rollout is returned and gets the caller's context, so at the root its
     text streams to the client.
 
-    ``structured`` (ours, issue #19; default: when the backend enforces JSON
+    ``structured`` (refinery's addition; default: when the backend enforces JSON
     schemas) asks for the plan as JSON, one key per heading
     (:func:`plan_schema`, strings capped to stay near ``plan_tokens``), and
     renders it back to the same headed text before the leak filter; a reply

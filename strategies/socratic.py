@@ -9,7 +9,7 @@ the Socratic refine of the least confident step (with its majority re-solve
 as the correction), or plain self-refine (holistic 0-5 judge, then rewrite)
 when the decomposition is empty or every step is fully confident.
 
-Structured mode (``structured``, issue #19) keeps every prompt and call and adds
+Structured mode (``structured``) keeps every prompt and call and adds
 a constraint to each parsed step, so a small model cannot miss the format:
 
 * decomposition: JSON under :func:`decomposition_schema` (the prompt's

@@ -34,7 +34,7 @@ class SSR(LoopStrategy):
     deviation, off by default). ``max_steps`` caps the sub-questions (ours:
     it bounds the cost).
 
-    ``structured`` (ours, issue #19; default: when the backend enforces JSON
+    ``structured`` (refinery's addition; default: when the backend enforces JSON
     schemas and regexes) constrains every parsed step: the decomposition to
     the JSON the prompt shows, the re-solves to brief reasoning then
     ``<answer>...</answer>``, the agreement check to ``k: same|different``

@@ -20,7 +20,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Ray reads its auth mode once, when first imported (vLLM imports it): the test
 # clusters (tests/eval/test_ray_pool.py) use token auth, as `ray start` does, with a
-# token of this session's (a fresh machine has no ~/.ray/auth_token).
+# token made for this test run (a fresh machine has no ~/.ray/auth_token).
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 

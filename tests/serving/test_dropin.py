@@ -1,4 +1,4 @@
-"""Drop-in for the clients people already run (issue #20), on the scripted backend.
+"""Drop-in for the clients people already run, on the scripted backend.
 
 OptiLLM's own ``tests/test_api_compatibility.py`` checks, through the official
 ``openai`` SDK against a real uvicorn: basic chat, ``n``, the ``APPROACH-MODEL``

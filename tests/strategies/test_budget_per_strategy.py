@@ -1,4 +1,4 @@
-"""Budgets hold for every strategy, whatever its spec (issue #9 part B, issue #3).
+"""Budgets hold for every strategy, whatever its spec.
 
 Every registered strategy, and a composite committee, is solved under call,
 token and time budgets by a scripted engine whose calls overlap (``yields``:
@@ -161,7 +161,7 @@ async def test_deadline_cancels_in_flight_calls(spec, answered):
 
 
 async def test_concurrent_members_are_refused_once_reserved():
-    """The bug of issue #3: all of a committee's members were admitted at once."""
+    """A committee admits its members one by one, never all at once past its budget."""
     backend = engine()
     await solve("dei(cot, cot, cot, cot, cot)", backend, Budget(max_calls=2))
     assert len(backend.calls) == 2

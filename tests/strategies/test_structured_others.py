@@ -1,4 +1,4 @@
-"""critique_refine, dei, sage and best_of_n in structured mode (issue #19): the parsed
+"""critique_refine, dei, sage and best_of_n in structured mode: the parsed
 step asks for its constraint; ``structured=False`` and unsupported backends keep free
 text; ``structured=True`` without support fails before any call."""
 

@@ -1,4 +1,4 @@
-"""SSR, ssr_ada and ssr_plan in structured mode (issue #19): each parsed step asks for
+"""SSR, ssr_ada and ssr_plan in structured mode: each parsed step asks for
 its constraint; ``structured=False`` and unsupported backends keep free text."""
 
 from __future__ import annotations

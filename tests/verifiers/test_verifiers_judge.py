@@ -133,7 +133,7 @@ def test_judge_rejects_bad_settings() -> None:
         JudgeVerifier(b, samples=0)
 
 
-# --------------------------------------------------------------- structured (issue #19)
+# --------------------------------------------------------------- structured steps
 
 
 class StructuredBackend(ScriptedBackend):
