@@ -8,6 +8,7 @@ Example:
 
 from refinery.strategies.base import (
     LoopStrategy,
+    Sampler,
     Scored,
     Strategy,
     StrategyParams,
@@ -20,6 +21,7 @@ from refinery.strategies.critique_refine import CritiqueRefine
 from refinery.strategies.deepconf import DeepConf
 from refinery.strategies.dei import DEI
 from refinery.strategies.moa import MoA
+from refinery.strategies.pot import ProgramOfThought
 from refinery.strategies.re2 import ReRead
 from refinery.strategies.registry import REGISTRY, Entry, build, build_with_graph, describe
 from refinery.strategies.sage import SAGE
@@ -41,9 +43,11 @@ __all__ = [
     "Entry",
     "LoopStrategy",
     "MoA",
+    "ProgramOfThought",
     "ReRead",
     "SSRAda",
     "SSRPlan",
+    "Sampler",
     "Scored",
     "SelfConsistency",
     "Strategy",

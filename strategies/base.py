@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -139,6 +139,17 @@ class Strategy:
 
 
 # --------------------------------------------------------------------------- the loop
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """A strategy that draws ``n`` attempts from one request with ``n`` samples
+    (cot and its variants, pot): ``sc``, ``best_of_n`` and ``moa`` call ``sample``
+    instead of ``n`` solves, so the samples share one prompt prefix in the engine."""
+
+    async def sample(self, task: Task, ctx: Context, n: int, *,
+                     temperature: float | None = None,
+                     logprobs: bool = False) -> list[Attempt]: ...
 
 
 class Detail(BaseModel):

@@ -11,6 +11,7 @@ from refinery.engine.context import Context
 from refinery.engine.trace import StepKind
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies.base import (
+    Sampler,
     Strategy,
     StrategyParams,
     attempt_from,
@@ -70,9 +71,9 @@ class CoT(Strategy):
 async def sample_inner(inner: Strategy, task: Task, ctx: Context, n: int, *,
                        temperature: float | None = None,
                        logprobs: bool = False) -> list[Attempt]:
-    """``n`` attempts of ``inner``: one request with n samples for a cot variant
+    """``n`` attempts of ``inner``: one request with n samples for a :class:`Sampler`
     (vLLM's parallel sampling), else n concurrent solves, each on an inner view."""
-    if isinstance(inner, CoT):
+    if isinstance(inner, Sampler):
         return await inner.sample(task, ctx.inner(), n, temperature=temperature,
                                   logprobs=logprobs)
     return await gather_attempts(inner.solve(task, ctx.inner()) for _ in range(n))

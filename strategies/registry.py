@@ -32,6 +32,7 @@ from refinery.strategies.critique_refine import CritiqueRefine
 from refinery.strategies.deepconf import DeepConf
 from refinery.strategies.dei import DEI
 from refinery.strategies.moa import MoA
+from refinery.strategies.pot import ProgramOfThought
 from refinery.strategies.re2 import ReRead
 from refinery.strategies.sage import SAGE
 from refinery.strategies.self_consistency import SelfConsistency
@@ -106,6 +107,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(ReRead, ("reread", "re_reading")),
     Entry(CoTReflection),
     Entry(DeepConf),
+    Entry(ProgramOfThought, ("program_of_thought", "pal")),
 )
 
 # Read-only: name or alias -> entry.
