@@ -15,11 +15,13 @@ from refinery.engine.types import Attempt, Completion, Message, SamplingParams, 
 from refinery.strategies.base import Strategy, StructuredParams, step_params, with_question
 from refinery.strategies.execution import Execution, execute, program_constraint
 
-INSTRUCTION = """Do not solve it in words. Write a Python function solution() that \
-computes the answer and returns it, as one ```python block. For example:
+INSTRUCTION = ("Do not solve it in words. Write a Python function solution() that computes "
+               "the answer and returns it, as one ```python block.")
 
-Question: A shop has 5 boxes of 12 pencils and sells 17 pencils. How many are left?
-```python
+# One worked exchange before the question (PAL's few-shot form, as chat turns): shown
+# after the question instead, a 135M model copies the example's program verbatim.
+EXAMPLE_QUESTION = "A shop has 5 boxes of 12 pencils and sells 17 pencils. How many are left?"
+EXAMPLE_PROGRAM = """```python
 def solution():
     pencils = 5 * 12
     sold = 17
@@ -68,7 +70,12 @@ class ProgramOfThought(Strategy):
         return 1 + params.repairs
 
     def messages(self, task: Task) -> list[Message]:
-        return with_question(task.messages, self.params.instruction)
+        """The task's conversation, after one worked question and its program."""
+        example = [Message(role="user", content=f"{EXAMPLE_QUESTION}\n\n{self.params.instruction}"),
+                   Message(role="assistant", content=EXAMPLE_PROGRAM)]
+        system = [m for m in task.messages[:1] if m.role == "system"]
+        rest = task.messages[len(system):]
+        return [*system, *example, *with_question(rest, self.params.instruction)]
 
     async def sample(self, task: Task, ctx: Context, n: int, *,
                      temperature: float | None = None, logprobs: bool = False,
