@@ -23,7 +23,10 @@ async def test_a_running_program_is_the_answer_in_one_call():
     backend = ScriptedBackend([(r".*", RIGHT)])
     attempt = await ProgramOfThought().solve(task(), ctx(backend))
     assert attempt.answer == "14" and attempt.metadata["runs"] == 1
-    assert len(backend.calls) == 1 and "def solution()" in backend.calls[0].messages[-1].content
+    [call] = backend.calls
+    roles = [m.role for m in call.messages]
+    assert roles == ["user", "assistant", "user"]  # a worked exchange, then the question
+    assert "def solution()" in call.messages[1].content and "solution()" in call.messages[2].content
     assert "\\boxed{14}" in attempt.text
 
 
