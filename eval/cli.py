@@ -125,7 +125,7 @@ def run_cmd(
                f"({summary.ran} run now, {summary.skipped} already done)  "
                f"accuracy {summary.accuracy}  tokens/problem {c.tokens:.0f}  "
                f"calls/problem {c.calls:.2f}  latency {c.latency_seconds:.2f}s  "
-               f"this session {summary.seconds:.1f}s")
+               f"this invocation {summary.seconds:.1f}s")
     if drained and summary.done < summary.total:
         fail(f"interrupted after the problems in flight; finished problems are in {out}; "
              "rerun the same command to resume", INTERRUPTED)

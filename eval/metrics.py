@@ -233,8 +233,8 @@ class CostSummary(BaseModel):
 
 
 def _wall_seconds(rows: Sequence[Mapping[str, Any]]) -> float | None:
-    # Each session's wall time is from its start to its last written result; a killed
-    # session counts up to its last result, so resumed runs add up honestly.
+    # Each invocation of the run (a row's `session`) counts from its start to its last
+    # written result, a killed one up to its last result, so resumed runs add up honestly.
     sessions: dict[str, tuple[float, float]] = {}
     for r in rows:
         sid, start, end = r.get("session"), r.get("session_start"), r.get("time")
