@@ -40,7 +40,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vs_optillm as vo  # noqa: E402  (sets the vLLM environment of the other benches)
 
-from refinery.engine.backends.openai import OpenAIBackend  # noqa: E402
+from refinery.engine.backends.openai import OpenAIBackend, OpenAIConfig  # noqa: E402
 from refinery.engine.backends.vllm import VLLMBackend  # noqa: E402
 from refinery.engine.loops import CusumLoopDetector  # noqa: E402
 from refinery.engine.models import DEFAULT_MODEL  # noqa: E402
@@ -79,7 +79,8 @@ async def one_pass(side: str, max_tokens: int, examples, engine: VLLMBackend | N
     else:
         async with httpx.AsyncClient(timeout=30) as http:
             (await http.post(vo.url("vllm", "/reset_prefix_cache"))).raise_for_status()
-        backend = OpenAIBackend(DEFAULT_MODEL, vo.url("vllm"), whole_check_max_tokens=limit)
+        backend = OpenAIBackend(DEFAULT_MODEL, vo.url("vllm"),
+                                config=OpenAIConfig(whole_check_max_tokens=limit))
         before = vo.scrape(vo.url("vllm", "/metrics"), vo.GEN_TOKENS)
     strategy, _ = build_strategy(SPEC, REGISTRY)
     t0 = time.perf_counter()

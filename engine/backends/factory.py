@@ -62,15 +62,17 @@ async def make_backend(spec: BackendSpec) -> Backend:
     """
     kind = BackendKind(spec.kind)
     if kind is not BackendKind.vllm:
-        from refinery.engine.backends.openai import OpenAIBackend
+        from refinery.engine.backends.openai import OpenAIBackend, OpenAIConfig
 
         if not spec.base_url:
             raise InvalidRequestError(f"--backend {kind.value} needs --base-url",
                                       param="base_url")
         return OpenAIBackend(spec.model, list(spec.base_url),
                              api_key=spec.api_key or os.environ.get("OPENAI_API_KEY", "EMPTY"),
-                             max_concurrency=spec.max_concurrency,
-                             upstream="vllm" if kind is BackendKind.vllm_server else "openai")
+                             config=OpenAIConfig(
+                                 max_concurrency=spec.max_concurrency,
+                                 upstream="vllm" if kind is BackendKind.vllm_server
+                                 else "openai"))
     from refinery.engine.backends.vllm import VLLMBackend, VLLMConfig
 
     extra = (("tensor_parallel_size", spec.tensor_parallel_size),) \

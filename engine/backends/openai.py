@@ -9,21 +9,13 @@ backoff with jitter) cover 408/409/429/5xx and connection errors; the SDK's
 own retries are turned off so there is one retry policy, not two stacked.
 Cancelling a call closes its HTTP stream, which makes vLLM abort the request.
 
-Retries must not turn an overloaded upstream into a more overloaded one, so
-one ``UpstreamGuard`` per backend is shared by all its requests:
-
-- a retry budget (gRPC-style retry throttling): every failed attempt costs a
-  token, every success earns back a fraction of one, and retries stop while
-  the bucket is at or below half full. N concurrent requests against a storm
-  therefore cost about N attempts plus the budget, not N x max attempts;
-- ``Retry-After`` (or ``retry-after-ms``) pauses every request, not only the
-  one that got it, and a pause longer than the retry deadline fails at once;
-- a circuit breaker: after ``breaker_threshold`` consecutive failures the
-  backend refuses calls for ``breaker_cooldown`` seconds without touching the
-  upstream. ``healthy`` is False while it is open; ``check_health`` probes the
-  upstream (``GET /models``) so /health reflects reachability: an unreachable
-  upstream opens the breaker, and a probe that gets through closes a breaker
-  opened for unreachability (one opened by an error storm waits its cooldown).
+Retries must not turn an overloaded upstream into a more overloaded one: one
+``UpstreamGuard`` (``upstream_guard.py``) per backend, shared by all its requests,
+holds the retry budget, the shared ``Retry-After`` pause and the circuit breaker.
+``healthy`` is False while the breaker is open; ``check_health`` probes the
+upstream (``GET /models``) so /health reflects reachability: an unreachable
+upstream opens the breaker, and a probe that gets through closes a breaker
+opened for unreachability (one opened by an error storm waits its cooldown).
 
 Constraints: any OpenAI-compatible server takes JSON ones as ``response_format``
 (``json_schema`` with ``strict``, or ``json_object``). A vLLM server also takes
@@ -47,7 +39,8 @@ sampled request (vLLM's bug; the in-process backend drops seeds on CPU for
 that reason), so do not send seeds through to such an upstream.
 
 Example:
-    >>> backend = OpenAIBackend("smollm2-135m", base_urls=["http://127.0.0.1:8001/v1"])
+    >>> backend = OpenAIBackend("smollm2-135m", ["http://127.0.0.1:8001/v1"],
+    ...                         config=OpenAIConfig(upstream="vllm"))
     >>> [c] = await backend.generate([Message(role="user", content="Hi")], SamplingParams())
 """
 
@@ -55,18 +48,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import email.utils
 import itertools
 import json
 import logging
-import math
 import time
 import zlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
-import httpx
 import openai
+from pydantic import BaseModel, ConfigDict, Field
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -75,15 +66,18 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from refinery.engine.constraints import ALL_KINDS, Constraint, require_support
-from refinery.engine.errors import (
-    BackendError,
-    BackendUnavailableError,
-    InvalidRequestError,
-    PromptTooLongError,
-    RefineryError,
-    UnknownModelError,
+from refinery.engine.backends.upstream_guard import (
+    BUDGET_SPENT,
+    TRANSPORT_ERRORS,
+    RetryDecision,
+    UpstreamGuard,
+    describe,
+    retry_after_seconds,
+    retryable,
+    upstream_error,
 )
+from refinery.engine.constraints import ALL_KINDS, Constraint, require_support
+from refinery.engine.errors import BackendUnavailableError, InvalidRequestError
 from refinery.engine.stops import (
     Piece,
     StopRule,
@@ -103,206 +97,10 @@ from refinery.engine.types import (
     TokenLogprob,
 )
 
-try:  # the transport of openai>=2.x; older SDKs use httpx itself
-    import httpx2
-
-    TRANSPORT_ERRORS: tuple[type[Exception], ...] = (httpx.HTTPError, httpx2.HTTPError)
-except ImportError:  # pragma: no cover - depends on the installed SDK
-    TRANSPORT_ERRORS = (httpx.HTTPError,)
-
 log = logging.getLogger(__name__)
 
-RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
 Upstream = Literal["openai", "vllm"]
 JSON_KINDS: frozenset[str] = frozenset(("json", "json_object"))
-
-
-def _retryable(exc: BaseException) -> bool:
-    if isinstance(exc, openai.APIConnectionError):  # includes timeouts
-        return True
-    return isinstance(exc, openai.APIStatusError) and exc.status_code in RETRY_STATUS
-
-
-def retry_after_seconds(exc: BaseException) -> float | None:
-    """The delay an error response asks for (``retry-after-ms`` or ``Retry-After``).
-
-    Args:
-        exc: the exception of a failed attempt.
-
-    Returns:
-        Seconds to wait, or None when the response carries no usable header.
-    """
-    if not isinstance(exc, openai.APIStatusError):
-        return None
-    headers = exc.response.headers
-    ms = headers.get("retry-after-ms")
-    if ms is not None:
-        try:
-            value = float(ms) / 1000
-            return value if math.isfinite(value) and value >= 0 else None
-        except ValueError:
-            pass
-    raw = headers.get("retry-after")
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        # RFC 9110 also allows an HTTP date.
-        try:
-            when = email.utils.parsedate_to_datetime(raw)
-        except (TypeError, ValueError):
-            return None
-        return max(0.0, when.timestamp() - time.time())
-    return value if math.isfinite(value) and value >= 0 else None
-
-
-class UpstreamGuard:
-    """Retry budget, shared Retry-After pause and circuit breaker of one backend.
-
-    All requests of a backend share one guard, which is what keeps retries
-    from multiplying load: the budget caps retries across requests, not per
-    request.
-
-    Args:
-        budget: tokens in the retry bucket; retries are allowed while more
-            than half remain (0 disables retries altogether).
-        token_ratio: tokens a successful call puts back.
-        breaker_threshold: consecutive failed attempts that open the circuit.
-        breaker_cooldown: seconds the open circuit refuses calls.
-        clock: monotonic time source (tests may pass their own).
-    """
-
-    def __init__(self, budget: float = 20.0, token_ratio: float = 0.1,
-                 breaker_threshold: int = 10, breaker_cooldown: float = 5.0,
-                 clock=time.monotonic):
-        self.max_tokens = float(budget)
-        self.tokens = float(budget)
-        self.token_ratio = token_ratio
-        self.breaker_threshold = breaker_threshold
-        self.breaker_cooldown = breaker_cooldown
-        self.clock = clock
-        self.consecutive_failures = 0
-        self.open_until = 0.0
-        self.pause_until = 0.0
-        self.last_error = ""
-        # Whether the last failure was "cannot connect" (a health probe that gets
-        # through proves that wrong) rather than "answered with an error" (a probe
-        # proves nothing: /models answers fine during a 429 storm).
-        self.unreachable = False
-        # Counters for metrics and tests: what the guard let through or refused.
-        self.attempts = 0
-        self.retries_denied = 0
-        self.short_circuited = 0
-
-    @property
-    def is_open(self) -> bool:
-        return self.clock() < self.open_until
-
-    def admit(self) -> None:
-        """Raise instead of calling the upstream while the circuit is open.
-
-        Raises:
-            BackendUnavailableError: the circuit is open.
-        """
-        now = self.clock()
-        if now < self.open_until:
-            self.short_circuited += 1
-            raise BackendUnavailableError(
-                f"upstream unavailable: circuit open for {self.open_until - now:.1f}s more "
-                f"after {self.consecutive_failures} consecutive failures "
-                f"(last: {self.last_error})", code="upstream_circuit_open")
-        self.attempts += 1
-
-    def success(self) -> None:
-        self.tokens = min(self.max_tokens, self.tokens + self.token_ratio)
-        self.consecutive_failures = 0
-        self.open_until = 0.0
-        self.unreachable = False
-
-    def reachable(self) -> None:
-        """A health probe got through: close a circuit opened for unreachability."""
-        if self.unreachable:
-            self.unreachable = False
-            self.consecutive_failures = 0
-            self.open_until = 0.0
-
-    def failure(self, exc: BaseException) -> None:
-        """Record a failed attempt (an upstream error, not the caller's mistake)."""
-        self.tokens = max(0.0, self.tokens - 1)
-        self.consecutive_failures += 1
-        self.last_error = _describe(exc)
-        self.unreachable = isinstance(exc, (openai.APIConnectionError, *TRANSPORT_ERRORS))
-        delay = retry_after_seconds(exc)
-        if delay:
-            self.pause_until = max(self.pause_until, self.clock() + delay)
-        if self.consecutive_failures >= self.breaker_threshold:
-            self.trip()
-
-    def trip(self) -> None:
-        """Open the circuit for the cooldown (also used by a failed health probe)."""
-        if not self.is_open:
-            log.warning("upstream circuit opened for %.1fs after %d consecutive failures: %s",
-                        self.breaker_cooldown, self.consecutive_failures, self.last_error)
-        self.open_until = self.clock() + self.breaker_cooldown
-
-    def may_retry(self) -> bool:
-        ok = self.tokens > self.max_tokens / 2
-        if not ok:
-            self.retries_denied += 1
-        return ok
-
-    def pause_left(self) -> float:
-        return max(0.0, self.pause_until - self.clock())
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, openai.APIStatusError):
-        return f"{exc.status_code} {exc.message}"
-    return f"{type(exc).__name__}: {exc}"
-
-
-class _RetryDecision:
-    """Whether one call retries after ``exc``; ``why_stopped`` says why it did not."""
-
-    def __init__(self, guard: UpstreamGuard, deadline: float, max_retry_after: float) -> None:
-        self.guard, self.deadline, self.max_retry_after = guard, deadline, max_retry_after
-        self.why_stopped = "after retries"
-
-    def __call__(self, exc: BaseException) -> bool:
-        if not _retryable(exc):
-            return False
-        self.guard.failure(exc)
-        asked = retry_after_seconds(exc) or 0.0
-        if min(asked, self.max_retry_after) > self.deadline - time.monotonic():
-            self.why_stopped = f"and asked to retry after {asked:.0f}s, past the retry deadline"
-            return False
-        if self.guard.is_open:
-            self.why_stopped = "and the circuit breaker opened"
-            return False
-        if not self.guard.may_retry():
-            self.why_stopped = "with the shared retry budget spent (not retried)"
-            return False
-        return True
-
-
-def _upstream_error(exc: openai.APIConnectionError | openai.APIStatusError, model: str,
-                    why_stopped: str) -> RefineryError:
-    """The refinery error for an upstream failure that the retries did not fix."""
-    if isinstance(exc, openai.APIConnectionError):
-        return BackendUnavailableError(f"upstream unreachable {why_stopped}: {exc}")
-    if isinstance(exc, openai.NotFoundError):
-        return UnknownModelError(f"upstream does not serve {model!r}: {exc.message}",
-                                 param="model")
-    if isinstance(exc, openai.BadRequestError):
-        msg = exc.message or str(exc)
-        # OpenAI sends the code; vLLM's server only says it in the message.
-        if exc.code == "context_length_exceeded" or (
-                "context" in msg.lower() and "length" in msg.lower()):
-            return PromptTooLongError(msg, param="messages", code="context_length_exceeded")
-        return InvalidRequestError(msg)
-    cls = BackendUnavailableError if exc.status_code in RETRY_STATUS else BackendError
-    return cls(f"upstream answered {exc.status_code} {why_stopped}: {exc.message}")
 
 
 def upstream_for(affinity: str, upstreams: int) -> int:
@@ -311,66 +109,68 @@ def upstream_for(affinity: str, upstreams: int) -> int:
     return zlib.crc32(affinity.encode()) % upstreams
 
 
+class OpenAIConfig(BaseModel):
+    """How an :class:`OpenAIBackend` talks to its upstreams: limits, retries, breaker.
+
+    Example:
+        >>> OpenAIConfig(upstream="vllm", max_retries=2).retry_budget
+        20.0
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_concurrency: int = Field(64, ge=1, description="requests in flight at most")
+    max_retries: int = Field(5, ge=0, description="retries per call (attempts = this + 1)")
+    max_retry_seconds: float = Field(60.0, gt=0, description="a call stops retrying after this")
+    timeout: float = Field(600.0, gt=0, description="seconds for one upstream request")
+    max_model_len: int = Field(4096, ge=1, description="the upstream model's context window")
+    backoff_initial: float = Field(0.5, ge=0, description="first backoff step (doubles, jitter)")
+    backoff_max: float = Field(8.0, ge=0, description="longest backoff step")
+    max_retry_after: float = Field(30.0, ge=0, description="a longer Retry-After is capped")
+    retry_budget: float = Field(20.0, ge=0, description="tokens of the shared retry budget")
+    breaker_threshold: int = Field(10, ge=1, description="consecutive failures that open it")
+    breaker_cooldown: float = Field(5.0, ge=0, description="seconds the open circuit refuses")
+    health_timeout: float = Field(5.0, gt=0, description="seconds check_health waits")
+    upstream: Upstream = Field("openai", description='"vllm": every constraint kind; '
+                                                     '"openai": JSON constraints only')
+    whole_check_max_tokens: int | None = Field(
+        128, description="a call under the loop detector alone with max_tokens up to this is "
+                         "one request checked whole (module docstring); None streams all")
+
+
 class OpenAIBackend:
-    """Backend over the ``openai`` SDK. ``served_model`` is the upstream model id."""
+    """Backend over the ``openai`` SDK. ``served_model`` is the upstream model id.
+
+    Example:
+        >>> backend = OpenAIBackend("m", "http://127.0.0.1:8001/v1",
+        ...                         config=OpenAIConfig(upstream="vllm"))
+    """
 
     def __init__(self, model: str, base_urls: Sequence[str] | str, *, api_key: str = "EMPTY",
-                 served_model: str | None = None, max_concurrency: int = 64,
-                 max_retries: int = 5, max_retry_seconds: float = 60.0,
-                 timeout: float = 600.0, max_model_len: int = 4096,
-                 backoff_initial: float = 0.5, backoff_max: float = 8.0,
-                 max_retry_after: float = 30.0, retry_budget: float = 20.0,
-                 breaker_threshold: int = 10, breaker_cooldown: float = 5.0,
-                 health_timeout: float = 5.0, upstream: Upstream = "openai",
-                 whole_check_max_tokens: int | None = 128):
-        """Connect to one or more upstream servers.
-
-        Args:
-            model: the name refinery reports.
-            base_urls: upstream base URL(s) ending in ``/v1``; used round-robin.
-            api_key: the upstream key.
-            served_model: the upstream model id (default ``model``).
-            max_concurrency: requests in flight to the upstream at most.
-            max_retries: retries per call (attempts = ``max_retries + 1``).
-            max_retry_seconds: a call stops retrying after this long.
-            timeout: seconds for one upstream request.
-            max_model_len: the upstream model's context window.
-            backoff_initial: first backoff step in seconds (doubles, with jitter).
-            backoff_max: longest backoff step in seconds.
-            max_retry_after: a ``Retry-After`` longer than this is capped to it.
-            retry_budget: tokens of the retry budget shared by all calls.
-            breaker_threshold: consecutive failures that open the circuit.
-            breaker_cooldown: seconds the open circuit refuses calls.
-            health_timeout: seconds ``check_health`` waits for the upstream.
-            upstream: ``"vllm"`` for a vLLM server (every constraint kind),
-                ``"openai"`` for any other (JSON constraints only).
-            whole_check_max_tokens: a call under the loop detector alone with
-                ``max_tokens`` up to this is one request, its samples checked when
-                they end (module docstring); None streams every watched sample.
-        """
+                 served_model: str | None = None, config: OpenAIConfig | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """Connect to one or more upstream servers (base URLs ending in ``/v1``);
+        ``clock`` is the monotonic time of the retry deadlines and the breaker."""
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise InvalidRequestError("OpenAIBackend needs at least one base URL",
                                       param="base_url")
+        self.config = cfg = config or OpenAIConfig()
         self.model = model
         self.served_model = served_model or model
-        self.max_model_len = max_model_len
+        self.max_model_len = cfg.max_model_len
         self.clients = [openai.AsyncOpenAI(base_url=u, api_key=api_key, max_retries=0,
-                                           timeout=timeout) for u in urls]
+                                           timeout=cfg.timeout) for u in urls]
         self._next = itertools.cycle(range(len(self.clients)))
-        self._sem = asyncio.Semaphore(max_concurrency)
-        self.max_retries = max_retries
-        self.max_retry_seconds = max_retry_seconds
-        self.max_retry_after = max_retry_after
-        self._backoff = wait_exponential_jitter(multiplier=backoff_initial, max=backoff_max,
-                                                jitter=backoff_initial)
-        self.guard = UpstreamGuard(budget=retry_budget, breaker_threshold=breaker_threshold,
-                                   breaker_cooldown=breaker_cooldown)
-        self.health_timeout = health_timeout
-        self._health_checked = 0.0
-        self.upstream = upstream
-        self.structured_outputs = ALL_KINDS if upstream == "vllm" else JSON_KINDS
-        self.whole_check_max_tokens = whole_check_max_tokens
+        self._sem = asyncio.Semaphore(cfg.max_concurrency)
+        self._backoff = wait_exponential_jitter(multiplier=cfg.backoff_initial,
+                                                max=cfg.backoff_max, jitter=cfg.backoff_initial)
+        self.guard = UpstreamGuard(budget=cfg.retry_budget,
+                                   breaker_threshold=cfg.breaker_threshold,
+                                   breaker_cooldown=cfg.breaker_cooldown, clock=clock)
+        self._health_checked = -1e9
+        self.upstream = cfg.upstream
+        self.structured_outputs = ALL_KINDS if cfg.upstream == "vllm" else JSON_KINDS
 
     # -- health -------------------------------------------------------------------------
 
@@ -401,15 +201,15 @@ class OpenAIBackend:
         Returns:
             True when every upstream answered.
         """
-        now = time.monotonic()
+        now = self.guard.clock()
         if now - self._health_checked < 1.0:
             return self.healthy
         self._health_checked = now
         for client in self.clients:
             try:
-                await client.models.list(timeout=self.health_timeout)
+                await client.models.list(timeout=self.config.health_timeout)
             except (openai.APIConnectionError, openai.InternalServerError) as exc:
-                self.guard.last_error = _describe(exc)
+                self.guard.last_error = describe(exc)
                 self.guard.unreachable = True
                 self.guard.trip()
                 return False
@@ -461,7 +261,7 @@ class OpenAIBackend:
         exc = state.outcome.exception() if state.outcome else None
         asked = retry_after_seconds(exc) if exc is not None else None
         if asked is not None:
-            wait = max(wait, min(asked, self.max_retry_after))
+            wait = max(wait, min(asked, self.config.max_retry_after))
         return wait
 
     def _first_upstream(self, affinity: str | None) -> int:
@@ -480,33 +280,45 @@ class OpenAIBackend:
             InvalidRequestError: the upstream rejected the request (400).
             UnknownModelError: the upstream does not serve the model.
         """
-        guard = self.guard
-        deadline = time.monotonic() + self.max_retry_seconds
-        retry = _RetryDecision(guard, deadline, self.max_retry_after)
+        guard, cfg = self.guard, self.config
+        deadline = guard.clock() + cfg.max_retry_seconds
+        retry = RetryDecision(guard, deadline, cfg.max_retry_after)
         upstreams = itertools.count(self._first_upstream(affinity))
         try:
             async with self._sem:
                 async for attempt in AsyncRetrying(
                         retry=retry_if_exception(retry),
-                        stop=(stop_after_attempt(self.max_retries + 1)
-                              | stop_after_delay(self.max_retry_seconds)),
+                        stop=(stop_after_attempt(cfg.max_retries + 1)
+                              | stop_after_delay(cfg.max_retry_seconds)),
                         wait=self._wait, reraise=True):
                     with attempt:
-                        pause = guard.pause_left()
-                        if pause > deadline - time.monotonic():
-                            raise BackendUnavailableError(
-                                f"upstream asked to retry after {pause:.0f}s, past this "
-                                f"call's retry deadline (last: {guard.last_error})",
-                                code="upstream_rate_limited")
-                        if pause:
-                            # Another call got Retry-After: everyone holds off.
-                            await asyncio.sleep(pause)
+                        await self._hold_off(deadline)
                         guard.admit()
-                        result = await fn(self.clients[next(upstreams) % len(self.clients)])
+                        client = self.clients[next(upstreams) % len(self.clients)]
+                        try:
+                            result = await fn(client)
+                        except Exception as exc:
+                            if retryable(exc):
+                                guard.failure(exc)
+                            raise
                         guard.success()
                         return result
         except (openai.APIConnectionError, openai.APIStatusError) as exc:
-            raise _upstream_error(exc, self.served_model, retry.why_stopped) from exc
+            if retry.why_stopped == BUDGET_SPENT:
+                guard.retries_denied += 1
+            raise upstream_error(exc, self.served_model, retry.why_stopped) from exc
+
+    async def _hold_off(self, deadline: float) -> None:
+        """Wait out a ``Retry-After`` another call got (everyone holds off), or fail
+        at once when it ends past this call's retry deadline."""
+        pause = self.guard.pause_left()
+        if pause > deadline - self.guard.clock():
+            raise BackendUnavailableError(
+                f"upstream asked to retry after {pause:.0f}s, past this "
+                f"call's retry deadline (last: {self.guard.last_error})",
+                code="upstream_rate_limited")
+        if pause:
+            await asyncio.sleep(pause)
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
                        n: int | None = None,
@@ -515,7 +327,8 @@ class OpenAIBackend:
         if n < 1:
             raise InvalidRequestError(f"n must be >= 1, got {n}", param="n")
         rule = as_rule(monitor)
-        if rule is not None and not check_whole(rule, params, n, self.whole_check_max_tokens):
+        if rule is not None and not check_whole(rule, params, n,
+                                                 self.config.whole_check_max_tokens):
             # A sample a stop rule ends must be stopped alone, so each one is streamed.
             return list(await asyncio.gather(
                 *(self._one_streamed(messages, params, rule) for _ in range(n))))

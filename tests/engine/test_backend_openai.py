@@ -13,7 +13,8 @@ import uvicorn
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from refinery.engine.backends.openai import OpenAIBackend, UpstreamGuard, split_tokens
+from refinery.engine.backends.openai import OpenAIBackend, OpenAIConfig, split_tokens
+from refinery.engine.backends.upstream_guard import UpstreamGuard
 from refinery.engine.constraints import Constraint, UnsupportedConstraintError
 from refinery.engine.errors import BackendUnavailableError, UnknownModelError
 from refinery.engine.loops import CusumLoopDetector
@@ -104,10 +105,16 @@ def test_split_tokens_gives_length_finishes_max_tokens_and_shares_the_rest_exact
     assert split_tokens(40, [choice("whatever")], 16) == [40] and split_tokens(3, [], 8) == []
 
 
+
+def quick(**changes) -> OpenAIConfig:
+    """Five retries with millisecond backoff: a fault server's storm in a test's time."""
+    return OpenAIConfig(**{"max_retries": 5, "backoff_initial": 0.01, "backoff_max": 0.05,
+                           **changes})
+
 async def test_retries_429_and_503_then_succeeds():
     fault = FaultServer(failures=3)
     with fault as url:
-        be = OpenAIBackend("m", url, backoff_initial=0.05, backoff_max=0.2)
+        be = OpenAIBackend("m", url, config=OpenAIConfig(backoff_initial=0.05, backoff_max=0.2))
         [c] = await be.generate(Q, SamplingParams(max_tokens=4))
         await be.aclose()
     assert c.text == "4" and c.prompt_tokens == 5
@@ -119,7 +126,7 @@ async def test_retries_429_and_503_then_succeeds():
 async def test_always_failing_server_gives_clear_error_after_budget():
     fault = FaultServer(failures=10**6, statuses=(503,))
     with fault as url:
-        be = OpenAIBackend("m", url, max_retries=3, backoff_initial=0.01, backoff_max=0.05)
+        be = OpenAIBackend("m", url, config=quick(max_retries=3))
         with pytest.raises(BackendUnavailableError, match="503 after retries"):
             await asyncio.wait_for(be.generate(Q, SamplingParams(max_tokens=4)), 30)
         await be.aclose()
@@ -127,8 +134,8 @@ async def test_always_failing_server_gives_clear_error_after_budget():
 
 
 async def test_unreachable_server_is_a_clear_error():
-    be = OpenAIBackend("m", f"http://127.0.0.1:{free_port()}/v1", max_retries=1,
-                       backoff_initial=0.01)
+    be = OpenAIBackend("m", f"http://127.0.0.1:{free_port()}/v1",
+                       config=OpenAIConfig(max_retries=1, backoff_initial=0.01))
     with pytest.raises(BackendUnavailableError, match="unreachable"):
         await be.generate(Q, SamplingParams(max_tokens=4))
     await be.aclose()
@@ -158,7 +165,7 @@ async def test_against_vllm_openai_server(vllm_server):
                                   for _ in range(8)))
     assert all(m[0].completion_tokens > 0 for m in many)
     with pytest.raises(UnknownModelError):
-        await OpenAIBackend("nope", vllm_server, max_retries=0).generate(
+        await OpenAIBackend("nope", vllm_server, config=OpenAIConfig(max_retries=0)).generate(
             Q, SamplingParams(max_tokens=4))
     await be.aclose()
 
@@ -168,7 +175,7 @@ async def test_constraints_and_logprobs_through_a_vllm_server(vllm_server):
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}},
               "required": ["answer"], "additionalProperties": False}
     as_openai = OpenAIBackend(DEFAULT_MODEL, vllm_server)  # response_format only
-    as_vllm = OpenAIBackend(DEFAULT_MODEL, vllm_server, upstream="vllm")
+    as_vllm = OpenAIBackend(DEFAULT_MODEL, vllm_server, config=OpenAIConfig(upstream="vllm"))
     json_c = Constraint.from_schema(schema, name="sum")
     for be in (as_openai, as_vllm):
         outs = await be.generate(Q, SamplingParams(max_tokens=64, n=3, constraint=json_c))
@@ -225,11 +232,11 @@ async def test_mixed_storm_with_retry_after_is_ridden_out():
     # One of each: 429 (Retry-After: 1), 500, 502, 503, then the answer.
     fault = FaultServer(failures=4, statuses=(429, 500, 502, 503), retry_after="1")
     with fault as url:
-        be = OpenAIBackend("m", url, max_retries=5, backoff_initial=0.01, backoff_max=0.05)
+        be = OpenAIBackend("m", url, config=quick())
         [c] = await be.generate(Q, SamplingParams(max_tokens=4))
         await be.aclose()
     assert c.text == "4"
-    assert len(fault.hits) == 5 <= 1 * (be.max_retries + 1)
+    assert len(fault.hits) == 5 <= 1 * (be.config.max_retries + 1)
     # A sleep never ends early, so this lower bound cannot flake: the backoff alone
     # is <= 0.06 s, the 1 s gap can only come from honouring Retry-After.
     assert fault.hits[1] - fault.hits[0] >= 1.0
@@ -239,8 +246,8 @@ async def test_mixed_storm_with_retry_after_is_ridden_out():
 async def test_retry_after_past_the_deadline_fails_at_once():
     fault = FaultServer(failures=10**6, statuses=(429,), retry_after="3600")
     with fault as url:
-        be = OpenAIBackend("m", url, max_retries=5, max_retry_seconds=20,
-                           max_retry_after=7200)
+        be = OpenAIBackend("m", url, config=OpenAIConfig(max_retry_seconds=20,
+                                                         max_retry_after=7200))
         with pytest.raises(BackendUnavailableError, match="past the retry deadline") as err:
             await be.generate(Q, SamplingParams(max_tokens=4))
         await be.aclose()
@@ -252,14 +259,14 @@ async def test_concurrent_storm_is_not_amplified_by_retries():
     n, budget = 12, 10
     fault = FaultServer(failures=10**6, statuses=(503, 500, 502))
     with fault as url:
-        be = OpenAIBackend("m", url, max_retries=5, backoff_initial=0.01, backoff_max=0.05,
-                           retry_budget=budget, breaker_threshold=10**6)
+        be = OpenAIBackend("m", url, config=quick(retry_budget=budget,
+                                                  breaker_threshold=10**6))
         results = await asyncio.gather(
             *(be.generate(Q, SamplingParams(max_tokens=4)) for _ in range(n)),
             return_exceptions=True)
         await be.aclose()
     assert all(isinstance(r, BackendUnavailableError) for r in results), results
-    max_attempts = be.max_retries + 1
+    max_attempts = be.config.max_retries + 1
     naive = n * max_attempts  # 72: what per-request retries alone would send
     # The shared budget allows retries only while more than half of it is left.
     assert len(fault.hits) <= n + budget // 2 < naive
@@ -270,8 +277,9 @@ async def test_concurrent_storm_is_not_amplified_by_retries():
 async def test_circuit_opens_fails_fast_then_half_opens_after_cooldown():
     fault = FaultServer(failures=3, statuses=(502,))
     with fault as url:
-        be = OpenAIBackend("m", url, max_retries=5, backoff_initial=0.01, backoff_max=0.05,
-                           breaker_threshold=3, breaker_cooldown=1.0)
+        now = [0.0]  # the breaker's clock: the test moves it past the cooldown
+        be = OpenAIBackend("m", url, config=quick(breaker_threshold=3, breaker_cooldown=1.0),
+                           clock=lambda: now[0])
         with pytest.raises(BackendUnavailableError, match="circuit breaker opened"):
             await be.generate(Q, SamplingParams(max_tokens=4))
         assert len(fault.hits) == 3 and not be.healthy
@@ -282,7 +290,9 @@ async def test_circuit_opens_fails_fast_then_half_opens_after_cooldown():
         # /models answers during an error storm: a probe must not reopen the floodgates.
         assert not await be.check_health() and not be.healthy
         assert fault.model_probes == 1
-        await asyncio.sleep(1.1)  # past the cooldown (a sleep never ends early)
+        now[0] += 0.9
+        assert not be.healthy  # still inside the cooldown
+        now[0] += 0.2
         assert be.healthy
         [c] = await be.generate(Q, SamplingParams(max_tokens=4))
         await be.aclose()
@@ -291,8 +301,8 @@ async def test_circuit_opens_fails_fast_then_half_opens_after_cooldown():
 
 async def test_health_follows_upstream_reachability():
     port = free_port()
-    be = OpenAIBackend("m", f"http://127.0.0.1:{port}/v1", max_retries=0,
-                       breaker_cooldown=3600)
+    be = OpenAIBackend("m", f"http://127.0.0.1:{port}/v1",
+                       config=OpenAIConfig(max_retries=0, breaker_cooldown=3600))
     assert not await be.check_health() and not be.healthy
     assert "upstream unavailable" in be.status
     be._health_checked = 0.0  # skip the one-probe-per-second limit for the test
@@ -309,12 +319,12 @@ def test_guard_budget_refills_on_success():
     g = UpstreamGuard(budget=4, token_ratio=0.5, breaker_threshold=100, clock=lambda: t[0])
     exc = RuntimeError("x")
     g.failure(exc)
-    assert g.may_retry()  # 3 > 2
+    assert g.retry_allowed()  # 3 > 2
     g.failure(exc)
-    assert not g.may_retry()  # 2 is not > 2
+    assert not g.retry_allowed()  # 2 is not > 2
     g.success()
     g.success()
-    assert g.tokens == 3.0 and g.may_retry()
+    assert g.tokens == 3.0 and g.retry_allowed()
 
 
 async def test_upstream_dying_mid_stream_is_a_clear_error():
@@ -435,7 +445,7 @@ async def test_a_task_whose_upstream_is_down_moves_to_the_next():
     up = FaultServer(failures=0)
     dead = f"http://127.0.0.1:{free_port()}/v1"
     with up as url:
-        be = OpenAIBackend("m", [dead, url], backoff_initial=0.01, backoff_max=0.02)
+        be = OpenAIBackend("m", [dead, url], config=quick(backoff_max=0.02))
         key = next(k for k in (f"k{i}" for i in range(100)) if be._first_upstream(k) == 0)
         [c] = await be.generate(Q, SamplingParams(max_tokens=4).but(affinity=key))
         await be.aclose()

@@ -7,7 +7,7 @@ import httpx
 import openai
 import pytest
 
-from refinery.engine.backends.openai import _upstream_error
+from refinery.engine.backends.upstream_guard import upstream_error
 from refinery.engine.errors import (
     BackendError,
     BackendUnavailableError,
@@ -40,7 +40,7 @@ def _status(cls: type[openai.APIStatusError], status: int, message: str,
     (openai.APIConnectionError(request=REQUEST), BackendUnavailableError, 503),
 ])
 def test_upstream_failures_map_by_type_and_status(exc, kind, status):
-    err = _upstream_error(exc, "m", "after retries")
+    err = upstream_error(exc, "m", "after retries")
     assert type(err) is kind and err.status == status
     if kind is PromptTooLongError:
         assert err.code == "context_length_exceeded" and err.param == "messages"

@@ -10,7 +10,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from refinery.engine.backends.openai import OpenAIBackend
+from refinery.engine.backends.openai import OpenAIBackend, OpenAIConfig
 from refinery.engine.confidence import ConfidenceRule, percentile, token_confidence
 from refinery.engine.context import Context
 from refinery.engine.loops import CusumLoopDetector
@@ -31,6 +31,7 @@ from refinery.engine.stops import (
 from refinery.engine.types import Message, SamplingParams, TokenLogprob, TopLogprob
 from tests.engine.test_backend_openai import ThreadedApp
 from tests.scripted_backend import ScriptedBackend
+from tests.waiting import wait_for
 
 Q = [Message(role="user", content="q")]
 SURE = [0.0, -10.0, -10.0, -10.0]  # confidence 7.5
@@ -232,7 +233,14 @@ async def test_an_upstream_stream_is_closed_at_a_confidence_stop():
         be = OpenAIBackend("m", url)
         rule = ConfidenceRule(top_k=4, window=4, threshold=4.6)
         [c] = await be.generate(Q, SamplingParams(max_tokens=300), monitor=rule)
-        await asyncio.sleep(0.3)  # the server notices the hang-up
+        # The server notices the hang-up and stops sending: the count stops moving.
+        sent = [-1]
+
+        def settled() -> bool:
+            settled_now, sent[0] = sent[0] == upstream.sent, upstream.sent
+            return settled_now
+
+        assert await wait_for(settled, seconds=10)
         await be.aclose()
     [req] = upstream.bodies
     assert req["logprobs"] is True and req["top_logprobs"] == 4  # asked for the rule
@@ -283,7 +291,8 @@ async def test_a_short_call_under_the_loop_detector_is_one_request_checked_whole
         whole = await OpenAIBackend("m", url).generate(
             Q, SamplingParams(max_tokens=128), n=2, monitor=CusumLoopDetector())
         bodies, upstream.bodies = upstream.bodies, []
-        streamed = await OpenAIBackend("m", url, whole_check_max_tokens=None).generate(
+        streamed = await OpenAIBackend("m", url,
+                                       config=OpenAIConfig(whole_check_max_tokens=None)).generate(
             Q, SamplingParams(max_tokens=128), n=2, monitor=CusumLoopDetector())
     [req] = bodies  # one request for both samples, not streamed
     assert req["n"] == 2 and not req.get("stream")
@@ -306,7 +315,7 @@ async def test_a_short_call_under_the_loop_detector_is_one_request_checked_whole
 async def test_a_long_call_under_the_loop_detector_streams_every_sample():
     upstream = BothWaysUpstream([LOOP])
     with upstream as url:
-        be = OpenAIBackend("m", url, whole_check_max_tokens=256)
+        be = OpenAIBackend("m", url, config=OpenAIConfig(whole_check_max_tokens=256))
         comps = await be.generate(Q, SamplingParams(max_tokens=257), n=2,
                                   monitor=CusumLoopDetector())
     assert [b.get("stream") for b in upstream.bodies] == [True, True]

@@ -24,6 +24,7 @@ import pytest
 from refinery.eval.ray_pool import RayOptions
 from refinery.eval.runner import RESULTS, TRACES, EvalConfig, run_eval
 from tests.conftest import free_port
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -139,8 +140,8 @@ async def test_a_killed_actor_loses_and_duplicates_nothing(tmp_path, ray_head, v
     handed_back = [r for r in caplog.records if "go to the others" in r.getMessage()]
     assert handed_back, [r.getMessage() for r in caplog.records]
     assert_like_local(tmp_path / "ray", tmp_path / "local")
-    await asyncio.sleep(2)
-    assert not [p for p in victim["engine"] if running(p)], "orphaned engine"
+    gone = await wait_for(lambda: not any(running(p) for p in victim["engine"]), seconds=30)
+    assert gone, "orphaned engine"
 
     before = [(tmp_path / "ray" / f).read_bytes() for f in (RESULTS, TRACES)]
     again = await run_eval(cfg, progress=False)

@@ -25,6 +25,7 @@ from refinery.engine.types import Completion, Delta, Message, SamplingParams
 from refinery.serving import ServerConfig, create_app
 from tests.e2e.conftest import serve, start_server  # noqa: F401  (serve: the fixture)
 from tests.scripted_backend import ScriptedBackend
+from tests.waiting import wait_for  # noqa: F401  (the serving tests import it from here)
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 MODEL = DEFAULT_MODEL
@@ -52,15 +53,6 @@ def sse_data(text: str) -> list[Any]:
             data = line[len("data: "):]
             out.append(data if data == "[DONE]" else json.loads(data))
     return out
-
-
-async def wait_for(predicate: Any, seconds: float = 5.0) -> bool:
-    """Poll ``predicate`` until it holds (True) or ``seconds`` pass (False)."""
-    for _ in range(int(seconds / 0.01)):
-        if predicate():
-            return True
-        await asyncio.sleep(0.01)
-    return bool(predicate())
 
 
 @pytest.fixture
