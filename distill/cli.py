@@ -19,7 +19,7 @@ from enum import Enum
 import typer
 from pydantic import ValidationError
 
-from refinery.engine.console import INTERRUPTED, USAGE, fail
+from refinery.engine.console import INTERRUPTED, USAGE, bad_option, fail
 from refinery.engine.errors import RefineryError
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.eval.ray_pool import RayOptions
@@ -33,11 +33,6 @@ distill_app = typer.Typer(no_args_is_help=True, add_completion=False,
 class SFTFormatKind(str, Enum):
     messages = "messages"
     prompt_completion = "prompt_completion"
-
-
-def _bad_option(exc: ValidationError) -> None:
-    err = exc.errors()[0]
-    fail(f"bad option {'.'.join(str(x) for x in err['loc'])}: {err['msg']}", USAGE)
 
 
 @distill_app.command("build")
@@ -118,7 +113,7 @@ def train_cmd(
     except RefineryError as exc:
         fail(exc)
     except ValidationError as exc:
-        _bad_option(exc)
+        bad_option(exc)
     typer.echo(f"{result.out}: SFT {result.sft.steps} steps on {result.sft.expanded_rows} rows "
                f"(from {result.sft.rows}), loss on training rows {result.eval_loss_before} -> "
                f"{result.eval_loss_after}"
@@ -174,7 +169,7 @@ def loop_cmd(
     except RefineryError as exc:
         fail(exc)
     except ValidationError as exc:
-        _bad_option(exc)
+        bad_option(exc)
     except KeyboardInterrupt:
         fail(f"interrupted; rerun the same command to resume from {out}", INTERRUPTED)
     typer.echo(f"wrote {out}/loop.md and {out}/loop.json ({len(report.rounds)} round(s))")

@@ -18,6 +18,7 @@ import signal
 from typing import NoReturn
 
 import typer
+from pydantic import ValidationError
 
 from refinery.engine.errors import RefineryError
 
@@ -37,6 +38,12 @@ def fail(error: BaseException | str, status: int | None = None) -> NoReturn:
     if status is None:
         status = exit_status(error) if isinstance(error, BaseException) else FAILURE
     raise typer.Exit(status)
+
+
+def bad_option(exc: ValidationError) -> NoReturn:
+    """Exit 2 naming the first option a command's config model refused."""
+    err = exc.errors()[0]
+    fail(f"bad option {'.'.join(str(x) for x in err['loc'])}: {err['msg']}", USAGE)
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -24,7 +24,15 @@ import typer
 from pydantic import ValidationError
 
 from refinery.engine.backends.factory import BackendKind
-from refinery.engine.console import INTERRUPTED, USAGE, fail
+from refinery.engine.cli_options import (
+    BackendOption,
+    BaseUrlOption,
+    DtypeOption,
+    LoopPolicyKind,
+    LoopPolicyOption,
+    ModelOption,
+)
+from refinery.engine.console import INTERRUPTED, bad_option, fail
 from refinery.engine.errors import RefineryError
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.eval.ray_pool import RayOptions
@@ -38,12 +46,6 @@ eval_app = typer.Typer(no_args_is_help=True, add_completion=False,
                        help="Benchmarks: resumable runs, lm-eval-compatible scoring, reports.")
 
 
-class LoopPolicyKind(str, Enum):
-    off = "off"
-    truncate = "truncate"
-    retry = "retry"
-
-
 class SplitKind(str, Enum):
     test = "test"
     train = "train"
@@ -54,7 +56,7 @@ def run_cmd(
     dataset: str = typer.Option(..., help="gsm8k | math500 | humaneval | arith | path.jsonl"),
     strategy: str = typer.Option(..., help='strategy spec, e.g. "sc(cot, n=4)"'),
     out: str = typer.Option(..., help="run directory (rerun the same command to resume)"),
-    model: str = typer.Option(DEFAULT_MODEL, help="registered name, local dir or hub id"),
+    model: ModelOption = DEFAULT_MODEL,
     limit: int = typer.Option(None, min=0, help="first N problems (arith: N generated)"),
     skip: int = typer.Option(0, min=0, help="leave out the first N problems, to split a run "
                              "into shards (--skip 100 --limit 100: problems 101-200)"),
@@ -72,15 +74,13 @@ def run_cmd(
     max_calls: int = typer.Option(None, min=1, help="per-problem call budget"),
     problem_tokens: int = typer.Option(None, min=1, help="per-problem token budget"),
     max_seconds: float = typer.Option(None, min=0.001, help="per-problem time budget"),
-    loop_policy: LoopPolicyKind = typer.Option(
-        LoopPolicyKind.retry, help="on a CUSUM loop alarm: off | truncate | retry"),
-    backend: BackendKind = typer.Option(BackendKind.vllm),
-    base_url: list[str] = typer.Option(None, help="OpenAI-compatible base URL(s)"),
+    loop_policy: LoopPolicyOption = LoopPolicyKind.retry,
+    backend: BackendOption = BackendKind.vllm,
+    base_url: BaseUrlOption = None,
     force: bool = typer.Option(False, help="OUT holds another run: move it aside, start over"),
     retry_errors: bool = typer.Option(False, help="re-run problems recorded with an error"),
     progress: bool = typer.Option(True, help="show a progress bar"),
-    dtype: str = typer.Option("auto", help="engine dtype: auto (on CPU bfloat16 only where "
-                              "the CPU has native bf16, else float32), float32, bfloat16"),
+    dtype: DtypeOption = "auto",
     ray: bool = typer.Option(False, "--ray", help="solve on Ray actors, one engine each "
                              "(pip install 'refinery[ray]')"),
     ray_address: str = typer.Option(None, help="Ray cluster: auto | ray://HOST:10001 | "
@@ -116,7 +116,7 @@ def run_cmd(
     except RefineryError as exc:
         fail(exc)
     except ValidationError as exc:
-        fail(f"bad option: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}", USAGE)
+        bad_option(exc)
     except (KeyboardInterrupt, asyncio.CancelledError):
         fail(f"interrupted; finished problems are in {out}; rerun the same command to "
              "resume", INTERRUPTED)

@@ -11,6 +11,14 @@ from enum import Enum
 import typer
 
 from refinery.engine.backends.factory import BackendKind, BackendSpec, make_backend
+from refinery.engine.cli_options import (
+    BackendOption,
+    BaseUrlOption,
+    DtypeOption,
+    LoopPolicyKind,
+    LoopPolicyOption,
+    ModelOption,
+)
 from refinery.engine.console import fail, interrupt_on_sigterm
 from refinery.engine.errors import RefineryError
 from refinery.engine.models import DEFAULT_MODEL
@@ -20,10 +28,6 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="refinery: inference-time reasoning and refinement engine.")
-
-
-DTYPE_HELP = ("engine dtype: auto (on CPU bfloat16 only where the CPU has native bf16, "
-              "else float32; vLLM's auto on GPU), float32, bfloat16, float16")
 
 
 @app.command("model-path")
@@ -40,14 +44,14 @@ def model_path(model: str = typer.Argument(DEFAULT_MODEL)) -> None:
 @app.command()
 def generate(
     prompt: str,
-    model: str = typer.Option(DEFAULT_MODEL, help="registered name, local dir or hub id"),
-    backend: BackendKind = typer.Option(BackendKind.vllm),
-    base_url: list[str] = typer.Option(None, help="OpenAI-compatible base URL(s)"),
+    model: ModelOption = DEFAULT_MODEL,
+    backend: BackendOption = BackendKind.vllm,
+    base_url: BaseUrlOption = None,
     max_tokens: int = typer.Option(256, min=1),
     temperature: float = typer.Option(0.0, min=0.0, max=2.0),
     n: int = typer.Option(1, min=1),
     stream: bool = typer.Option(False, help="print tokens as they arrive"),
-    dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    dtype: DtypeOption = "auto",
 ) -> None:
     """Print a completion of PROMPT from the model (no strategy)."""
     from refinery.engine.types import Message, SamplingParams
@@ -82,16 +86,16 @@ def generate(
 def solve(
     question: str,
     strategy: str = typer.Option("cot", "--strategy", "-s", help="strategy spec"),
-    model: str = typer.Option(DEFAULT_MODEL),
-    backend: BackendKind = typer.Option(BackendKind.vllm),
-    base_url: list[str] = typer.Option(None),
+    model: ModelOption = DEFAULT_MODEL,
+    backend: BackendOption = BackendKind.vllm,
+    base_url: BaseUrlOption = None,
     trace: str = typer.Option(None, help="append the task's trace (JSONL) to this file"),
     max_tokens: int = typer.Option(512, min=1, help="cap per internal generation"),
     temperature: float = typer.Option(0.7, min=0.0, max=2.0),
     max_calls: int = typer.Option(None, min=1, help="budget: model calls"),
     max_total_tokens: int = typer.Option(None, min=1, help="budget: tokens over all calls"),
-    loop_policy: str = typer.Option("retry", help="off | truncate | retry"),
-    dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    loop_policy: LoopPolicyOption = LoopPolicyKind.retry,
+    dtype: DtypeOption = "auto",
 ) -> None:
     """Solve QUESTION with a strategy; print the answer and a one-line summary."""
     from refinery.engine.context import Budget
@@ -112,7 +116,7 @@ def solve(
                 strat, Task.from_prompt(question), be, spec=to_spec(graph),
                 params=SamplingParams(temperature=temperature, max_tokens=max_tokens),
                 budget=Budget(max_calls=max_calls, max_tokens=max_total_tokens),
-                loop_detector=CusumLoopDetector(), loop_policy=loop_policy)
+                loop_detector=CusumLoopDetector(), loop_policy=loop_policy.value)
         finally:
             await be.aclose()
         if trace:
@@ -195,9 +199,9 @@ ENGINE_DIED_EXIT_CODE = 3
 def serve(
     host: str = typer.Option("127.0.0.1", help="bind address (loopback by default)"),
     port: int = typer.Option(8000),
-    model: str = typer.Option(DEFAULT_MODEL, help="registered name, local dir or hub id"),
-    backend: BackendKind = typer.Option(BackendKind.vllm),
-    base_url: list[str] = typer.Option(None, help="upstream OpenAI-compatible base URL(s)"),
+    model: ModelOption = DEFAULT_MODEL,
+    backend: BackendOption = BackendKind.vllm,
+    base_url: BaseUrlOption = None,
     upstream_api_key: str = typer.Option(None, envvar="UPSTREAM_API_KEY"),
     api_key_file: str = typer.Option(None, help="file of accepted API keys, one per line "
                                      "(also: REFINERY_API_KEYS, comma-separated)"),
@@ -221,7 +225,7 @@ def serve(
         False, "--compile", help="run vLLM in its torch.compile mode instead of eager: "
         "1.1-1.2x the tokens/s on CPU, but the engine starts in about 50 s instead of "
         "about 13 s (bench/compile_mode.py)"),
-    dtype: str = typer.Option("auto", help=DTYPE_HELP),
+    dtype: DtypeOption = "auto",
     runs: str = typer.Option(None, help="eval runs directory the web page (/ui) lists"),
 ) -> None:
     """Serve an OpenAI-compatible API with strategies selectable per request, and its

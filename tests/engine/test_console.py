@@ -53,3 +53,21 @@ def _terminate(tmp_path: Path, mode: str) -> tuple[int, str]:
 ])
 def test_sigterm_unwinds_like_ctrl_c_only_with_the_handler(tmp_path, mode, code, marker):
     assert _terminate(tmp_path, mode) == (code, marker)
+
+
+def test_a_refused_option_exits_2_naming_it(capsys):
+    import typer
+    from pydantic import BaseModel, Field, ValidationError
+
+    from refinery.engine.console import USAGE, bad_option
+
+    class Config(BaseModel):
+        concurrency: int = Field(ge=1)
+
+    with pytest.raises(ValidationError) as refused:
+        Config(concurrency=0)
+    with pytest.raises(typer.Exit) as exited:
+        bad_option(refused.value)
+    assert exited.value.exit_code == USAGE
+    assert "bad option concurrency: Input should be greater than or equal to 1" in \
+        capsys.readouterr().err
