@@ -19,6 +19,16 @@ from enum import Enum
 import typer
 from pydantic import ValidationError
 
+from refinery.engine.cli_options import (
+    LevelsOption,
+    MaxTokensOption,
+    ModelOption,
+    ProgressOption,
+    RayAddressOption,
+    RayOption,
+    ReplicasOption,
+    TemperatureOption,
+)
 from refinery.engine.console import INTERRUPTED, USAGE, bad_option, fail
 from refinery.engine.errors import RefineryError
 from refinery.engine.models import DEFAULT_MODEL
@@ -81,7 +91,7 @@ def build_cmd(
 def train_cmd(
     sft: str = typer.Option(..., help="SFT JSONL from `distill build`"),
     out: str = typer.Option(..., help="directory of the merged checkpoint"),
-    base: str = typer.Option(DEFAULT_MODEL, help="registered model name or checkpoint dir"),
+    base: ModelOption = DEFAULT_MODEL,
     pairs: str = typer.Option(None, help="preference JSONL: DPO after SFT"),
     max_steps: int = typer.Option(None, min=1, help="optimizer steps (overrides --epochs)"),
     epochs: float = typer.Option(1.0, min=0.01),
@@ -98,7 +108,7 @@ def train_cmd(
     save_dtype: str = typer.Option("float32", help="float32 | bfloat16 | float16"),
     seed: int = typer.Option(0),
     overwrite: bool = typer.Option(False, help="replace an existing OUT"),
-    progress: bool = typer.Option(True, help="show progress bars"),
+    progress: ProgressOption = True,
 ) -> None:
     """LoRA SFT (+ DPO with --pairs) on CPU, merged and saved as a plain HF checkpoint."""
     from refinery.distill.train import train
@@ -128,11 +138,11 @@ def loop_cmd(
     rounds: int = typer.Option(1, min=1),
     train_size: int = typer.Option(200, min=1, help="train-split problems sampled per round"),
     eval_size: int = typer.Option(100, min=1, help="held-out test problems"),
-    base: str = typer.Option(DEFAULT_MODEL, help="starting model"),
+    base: ModelOption = DEFAULT_MODEL,
     out: str = typer.Option("runs/distill", help="loop directory (rerun to resume)"),
-    max_tokens: int = typer.Option(384, min=1, help="max new tokens per generation"),
-    sample_temperature: float = typer.Option(0.7, min=0.0, max=2.0),
-    eval_temperature: float = typer.Option(0.0, min=0.0, max=2.0),
+    max_tokens: MaxTokensOption = 384,
+    sample_temperature: TemperatureOption = 0.7,
+    eval_temperature: TemperatureOption = 0.0,
     max_steps: int = typer.Option(None, min=1, help="training steps per round"),
     epochs: float = typer.Option(1.0, min=0.01, help="training epochs per round"),
     batch_size: int = typer.Option(8, min=1),
@@ -141,11 +151,11 @@ def loop_cmd(
     gold_fallback_rows: int = typer.Option(
         0, min=0, help="top SFT data up to this many rows with reference solutions (arith)"),
     seed: int = typer.Option(0, help="dataset generator seed"),
-    level: list[int] = typer.Option(None, help="arith levels (repeatable)"),
-    progress: bool = typer.Option(True, help="show progress bars"),
-    ray: bool = typer.Option(False, "--ray", help="sample on Ray actors, one engine each"),
-    ray_address: str = typer.Option(None, help="Ray cluster (default: start one here)"),
-    replicas: int = typer.Option(1, min=1, help="Ray actors for the sampling step"),
+    level: LevelsOption = None,
+    progress: ProgressOption = True,
+    ray: RayOption = False,
+    ray_address: RayAddressOption = None,
+    replicas: ReplicasOption = 1,
 ) -> None:
     """Sample -> verify -> build -> train -> evaluate plain cot on held-out problems, R rounds.
 

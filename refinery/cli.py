@@ -12,14 +12,19 @@ import typer
 
 from refinery.engine.backends.factory import BackendKind, BackendSpec, make_backend
 from refinery.engine.cli_options import (
+    ApiKeyFileOption,
     BackendOption,
     BaseUrlOption,
     DtypeOption,
+    HostOption,
     LoopPolicyKind,
     LoopPolicyOption,
+    MaxCallsOption,
+    MaxTokensOption,
     ModelOption,
+    TemperatureOption,
 )
-from refinery.engine.console import fail, interrupt_on_sigterm
+from refinery.engine.console import USAGE, fail, interrupt_on_sigterm
 from refinery.engine.errors import RefineryError
 from refinery.engine.models import DEFAULT_MODEL
 
@@ -47,8 +52,8 @@ def generate(
     model: ModelOption = DEFAULT_MODEL,
     backend: BackendOption = BackendKind.vllm,
     base_url: BaseUrlOption = None,
-    max_tokens: int = typer.Option(256, min=1),
-    temperature: float = typer.Option(0.0, min=0.0, max=2.0),
+    max_tokens: MaxTokensOption = 256,
+    temperature: TemperatureOption = 0.0,
     n: int = typer.Option(1, min=1),
     stream: bool = typer.Option(False, help="print tokens as they arrive"),
     dtype: DtypeOption = "auto",
@@ -90,9 +95,9 @@ def solve(
     backend: BackendOption = BackendKind.vllm,
     base_url: BaseUrlOption = None,
     trace: str = typer.Option(None, help="append the task's trace (JSONL) to this file"),
-    max_tokens: int = typer.Option(512, min=1, help="cap per internal generation"),
-    temperature: float = typer.Option(0.7, min=0.0, max=2.0),
-    max_calls: int = typer.Option(None, min=1, help="budget: model calls"),
+    max_tokens: MaxTokensOption = 512,
+    temperature: TemperatureOption = 0.7,
+    max_calls: MaxCallsOption = None,
     max_total_tokens: int = typer.Option(None, min=1, help="budget: tokens over all calls"),
     loop_policy: LoopPolicyOption = LoopPolicyKind.retry,
     dtype: DtypeOption = "auto",
@@ -178,7 +183,7 @@ def trace_show(path: str, task: str = typer.Option(None, help="only this task id
     try:
         traces = read_traces(path)
     except (OSError, ValueError) as exc:
-        fail(f"cannot read {path}: {exc}", status=2)
+        fail(f"cannot read {path}: {exc}", USAGE)
     shown = [t for t in traces if task is None or t.task_id == task]
     if not shown:
         fail("no matching task in the file")
@@ -197,14 +202,13 @@ ENGINE_DIED_EXIT_CODE = 3
 
 @app.command()
 def serve(
-    host: str = typer.Option("127.0.0.1", help="bind address (loopback by default)"),
+    host: HostOption = "127.0.0.1",
     port: int = typer.Option(8000),
     model: ModelOption = DEFAULT_MODEL,
     backend: BackendOption = BackendKind.vllm,
     base_url: BaseUrlOption = None,
     upstream_api_key: str = typer.Option(None, envvar="UPSTREAM_API_KEY"),
-    api_key_file: str = typer.Option(None, help="file of accepted API keys, one per line "
-                                     "(also: REFINERY_API_KEYS, comma-separated)"),
+    api_key_file: ApiKeyFileOption = None,
     default_strategy: str = typer.Option(None, help="spec run for a plain model name "
                                          "(default: passthrough)"),
     max_concurrent_requests: int = typer.Option(64, min=1),
@@ -270,10 +274,9 @@ def serve(
 @app.command()
 def ui(
     runs: str = typer.Option("runs", help="directory of eval runs (refinery eval run --out)"),
-    host: str = typer.Option("127.0.0.1", help="bind address (loopback by default)"),
+    host: HostOption = "127.0.0.1",
     port: int = typer.Option(8001),
-    api_key_file: str = typer.Option(None, help="file of accepted API keys, one per line "
-                                     "(also: REFINERY_API_KEYS, comma-separated)"),
+    api_key_file: ApiKeyFileOption = None,
 ) -> None:
     """Serve the web page over eval runs and their traces, without a model (no engine)."""
     from pathlib import Path
@@ -285,7 +288,7 @@ def ui(
 
     if not Path(runs).is_dir():
         fail(f"no directory {runs!r} (make one with refinery eval run --out {runs}/NAME)",
-             status=2)
+             USAGE)
     keys = load_api_keys(api_key_file)
     if host not in ("127.0.0.1", "localhost", "::1") and not keys:
         typer.secho(f"warning: serving on {host} without API keys", fg="yellow", err=True)
