@@ -32,14 +32,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
-import stat
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
@@ -54,18 +52,25 @@ from refinery.engine.errors import (
     BackendUnavailableError,
     InvalidRequestError,
     RefineryError,
-    StorageError,
 )
 from refinery.engine.graph import non_default, to_mermaid, to_spec
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.run import iter_run
-from refinery.engine.trace import Trace, TraceWriter, append_whole_line
+from refinery.engine.trace import Trace, TraceWriter
 from refinery.engine.types import SamplingParams
 from refinery.eval.datasets import REPO, Example, Split, dataset_fingerprint, load_dataset
 from refinery.eval.guarded import Guarded, build_strategy
 from refinery.eval.metrics import Accuracy, CostSummary, Scorer, accuracy, cost_summary
 from refinery.eval.ray_pool import RayOptions
+from refinery.eval.results_file import (
+    append_line,
+    compact_traces,
+    read_results,
+    rewrite,
+    snapshot,
+    write_json_atomic,
+)
 
 __all__ = [
     "RESULTS",
@@ -170,105 +175,6 @@ class RunSummary(BaseModel):
     seconds: float
 
 
-# ---------------------------------------------------------------------------- file I/O
-
-
-def append_line(path: str | os.PathLike[str], row: Mapping[str, Any]) -> None:
-    """Append one JSON line whole: a single ``os.write`` with ``O_APPEND``, then ``fsync``.
-
-    A crash leaves either the complete line or nothing of it except, at worst, a
-    torn tail that :func:`read_results` cuts off.
-
-    Raises:
-        StorageError: the line could not be written (disk full...); nothing of it is left.
-    """
-    line = (json.dumps(row, ensure_ascii=False, default=str) + "\n").encode()
-    append_whole_line(path, line, what="result")
-
-
-def _snapshot(path: Path) -> bytes:
-    """The bytes a file had when opened; a non-regular file (``/dev/full``) reads as empty.
-
-    Bounded by the size at open: reading a device to its "end" may never finish.
-    """
-    with open(path, "rb") as f:
-        st = os.fstat(f.fileno())
-        return f.read(st.st_size) if stat.S_ISREG(st.st_mode) else b""
-
-
-def _complete_part(path: Path, *, repair: bool) -> bytes:
-    data = _snapshot(path)
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        data = data[:cut]
-        if repair:  # cut the torn tail so the next append starts on a fresh line
-            os.truncate(path, cut)
-    return data
-
-
-def read_results(path: str | os.PathLike[str], *, repair: bool = False) -> list[dict[str, Any]]:
-    """Result rows of a ``results.jsonl``; a torn last line is skipped (and with
-    ``repair=True`` truncated off the file). A missing file is an empty run.
-
-    Raises:
-        InvalidRequestError: a line other than the last is not valid JSON (edited by hand?).
-    """
-    p = Path(path)
-    if not p.exists():
-        return []
-    rows = []
-    for i, line in enumerate(_complete_part(p, repair=repair).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise InvalidRequestError(f"{p}:{i}: corrupt result line ({exc.msg})") from exc
-    return rows
-
-
-def _rewrite(path: Path, lines: Sequence[bytes]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.writelines(lines)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        # The original file is untouched (os.replace is the only step that changes it).
-        raise StorageError(f"could not rewrite {path}: {exc.strerror or exc}. The file is "
-                           "unchanged; free space (or fix the path) and rerun.") from exc
-
-
-def _compact_traces(path: Path, keep: set[str]) -> None:
-    """Keep one trace (the last) per finished problem; drop torn tails and traces of
-    problems that will run again (a kill between trace and result leaves those)."""
-    if not path.exists():
-        return
-    raw = _snapshot(path)
-    lines = raw.splitlines(keepends=True)
-    last: dict[str, int] = {}
-    for i, line in enumerate(lines):
-        if not line.endswith(b"\n"):
-            continue
-        try:
-            tid = json.loads(line).get("task_id")
-        except json.JSONDecodeError:
-            continue
-        if tid in keep:
-            last[tid] = i
-    kept = [lines[i] for i in sorted(last.values())]
-    if len(kept) != len(lines):
-        _rewrite(path, kept)
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    _rewrite(path, [(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n").encode()])
-
-
 def code_version() -> dict[str, Any]:
     """Git commit (and whether the tree is dirty) of the code, plus the package version."""
     out: dict[str, Any] = {"git_commit": None, "git_dirty": None, "package_version": None,
@@ -319,12 +225,7 @@ def _prepare_dir(out: Path, record: dict[str, Any], force: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     cfg_path = out / CONFIG
     if cfg_path.exists():
-        try:
-            old = json.loads(cfg_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ConfigMismatchError(f"{cfg_path} is unreadable ({exc}); use --force or "
-                                      "a new --out directory") from exc
-        old_id, new_id = old.get("identity", {}), record["identity"]
+        old_id, new_id = _recorded_identity(cfg_path), record["identity"]
         if old_id == new_id:
             return
         diffs = [f"{k}: recorded {old_id.get(k)!r}, now {new_id.get(k)!r}"
@@ -348,7 +249,26 @@ def _prepare_dir(out: Path, record: dict[str, Any], force: bool) -> None:
         for name in (RESULTS, TRACES):
             if (out / name).exists():
                 shutil.move(str(out / name), str(aside / name))
-    _write_json_atomic(cfg_path, record)
+    write_json_atomic(cfg_path, record)
+
+
+def _recorded_identity(cfg_path: Path) -> dict[str, Any]:
+    """The ``identity`` an existing ``config.json`` records.
+
+    Raises:
+        ConfigMismatchError: the file is unreadable, not a JSON object, or not a regular
+            file (a FIFO reads as empty: it never blocks the run).
+    """
+    try:
+        old = json.loads(snapshot(cfg_path))
+    except (OSError, ValueError) as exc:
+        raise ConfigMismatchError(f"{cfg_path} is unreadable ({exc}); use --force or "
+                                  "a new --out directory") from exc
+    identity = old.get("identity", {}) if isinstance(old, dict) else None
+    if not isinstance(identity, dict):
+        raise ConfigMismatchError(f"{cfg_path} records no run identity; use --force or "
+                                  "a new --out directory")
+    return identity
 
 
 def _result_row(ex: Example, index: int, trace: Trace, score: Any, *, spec: str, model: str,
@@ -511,7 +431,7 @@ def _finished(out: Path, examples: list[Example], retry_errors: bool) -> list[di
     rows = read_results(results_path, repair=True)
     if retry_errors and any(r.get("error") for r in rows):
         rows = [r for r in rows if not r.get("error")]
-        _rewrite(results_path, [(json.dumps(r, ensure_ascii=False) + "\n").encode()
+        rewrite(results_path, [(json.dumps(r, ensure_ascii=False) + "\n").encode()
                                 for r in rows])
     ids = {e.id for e in examples}
     current, seen = [], set()
@@ -519,7 +439,7 @@ def _finished(out: Path, examples: list[Example], retry_errors: bool) -> list[di
         if r.get("id") in ids and r["id"] not in seen:
             seen.add(r["id"])
             current.append(r)
-    _compact_traces(out / TRACES, seen)
+    compact_traces(out / TRACES, seen)
     return current
 
 
