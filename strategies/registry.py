@@ -36,6 +36,7 @@ from refinery.strategies.pot import ProgramOfThought
 from refinery.strategies.re2 import ReRead
 from refinery.strategies.sage import SAGE
 from refinery.strategies.self_consistency import SelfConsistency
+from refinery.strategies.self_debug import SelfDebug
 from refinery.strategies.ssr import SSR
 from refinery.strategies.ssr_ada import SSRAda
 from refinery.strategies.ssr_plan import SSRPlan
@@ -108,6 +109,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(CoTReflection),
     Entry(DeepConf),
     Entry(ProgramOfThought, ("program_of_thought", "pal")),
+    Entry(SelfDebug, ("self_debugging",)),
 )
 
 # Read-only: name or alias -> entry.
