@@ -238,13 +238,28 @@ def _wall_seconds(rows: Sequence[Mapping[str, Any]]) -> float | None:
     sessions: dict[str, tuple[float, float]] = {}
     for r in rows:
         sid, start, end = r.get("session"), r.get("session_start"), r.get("time")
-        if sid is None or start is None or end is None:
+        if not isinstance(sid, (str, int)) or not _is_number(start) or not _is_number(end):
             return None
         s0, e0 = sessions.get(sid, (start, end))
         sessions[sid] = (min(s0, start), max(e0, end))
     if not sessions:
         return None
     return sum(e - s for s, e in sessions.values()) / len(rows)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """A row's ``usage`` if it is a mapping; anything else (a list, a number) counts as none."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> float:
+    """A count or duration of a row: a number (not a bool), else 0 (a missing or garbled
+    field adds nothing rather than failing the whole summary)."""
+    return float(value) if _is_number(value) else 0.0
 
 
 def cost_summary(rows: Sequence[Mapping[str, Any]]) -> CostSummary:
@@ -254,7 +269,10 @@ def cost_summary(rows: Sequence[Mapping[str, Any]]) -> CostSummary:
         >>> cost_summary([{"usage": {"prompt_tokens": 10, "completion_tokens": 30,
         ...                           "calls": 2}, "seconds": 1.5}]).tokens
         40.0
+
+    A row that is not a mapping is not a result and is not counted.
     """
+    rows = [r for r in rows if isinstance(r, Mapping)]
     if not rows:
         return CostSummary()
     n = len(rows)
@@ -262,12 +280,12 @@ def cost_summary(rows: Sequence[Mapping[str, Any]]) -> CostSummary:
     def mean(xs: Iterable[float]) -> float:
         return float(sum(xs)) / n
 
-    usage = [r.get("usage") or {} for r in rows]
-    pt = mean(u.get("prompt_tokens", 0) for u in usage)
-    ct = mean(u.get("completion_tokens", 0) for u in usage)
+    usage = [_mapping(r.get("usage")) for r in rows]
+    pt = mean(_count(u.get("prompt_tokens")) for u in usage)
+    ct = mean(_count(u.get("completion_tokens")) for u in usage)
     return CostSummary(
         n=n, tokens=pt + ct, prompt_tokens=pt, completion_tokens=ct,
-        calls=mean(u.get("calls", 0) for u in usage),
-        latency_seconds=mean(r.get("seconds") or 0.0 for r in rows),
+        calls=mean(_count(u.get("calls")) for u in usage),
+        latency_seconds=mean(_count(r.get("seconds")) for r in rows),
         wall_seconds=_wall_seconds(rows),
         errors=sum(1 for r in rows if r.get("error")))

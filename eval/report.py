@@ -16,24 +16,27 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from refinery.engine.errors import InvalidRequestError
 from refinery.eval.metrics import Accuracy, CostSummary, accuracy, cost_summary
-from refinery.eval.runner import CONFIG, RESULTS, read_results
+from refinery.eval.results_file import read_results, snapshot
+from refinery.eval.runner import CONFIG, RESULTS
 
 __all__ = [
     "ReportFiles",
+    "RunConfig",
     "RunReport",
     "load_run",
     "markdown_tables",
     "pareto_front",
     "plot_levels",
     "plot_pareto",
+    "summarize_run",
     "write_report",
 ]
 
@@ -62,23 +65,80 @@ class ReportFiles(BaseModel):
     images: list[str]
 
 
+class DatasetInfo(BaseModel):
+    """What a run's ``config.json`` says of its dataset."""
+
+    name: str = "?"
+    n_problems: int | None = None
+
+
+class StrategyInfo(BaseModel):
+    """What a run's ``config.json`` says of its strategy."""
+
+    spec: str | None = None
+    canonical: str | None = None
+    worst_case_calls: int | None = None
+
+
+class RunConfig(BaseModel):
+    """The fields of a run's ``config.json`` a report (or the web page) reads, typed;
+    the rest of the record is not read here."""
+
+    model: str = "?"
+    dataset: DatasetInfo = Field(default_factory=DatasetInfo)
+    strategy: StrategyInfo = Field(default_factory=StrategyInfo)
+    budget: Any = None  # a Budget's fields; checked by whoever applies it
+
+    @classmethod
+    def parse(cls, data: bytes | str) -> RunConfig:
+        """A ``config.json``'s text as a :class:`RunConfig`.
+
+        Raises:
+            InvalidRequestError: not JSON, not an object, or a field of the wrong type.
+        """
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError) as exc:
+            raise InvalidRequestError(f"{CONFIG} is not JSON ({exc})") from None
+        if not isinstance(obj, dict):
+            raise InvalidRequestError(f"{CONFIG} is a JSON {type(obj).__name__}, "
+                                      "not an object")
+        try:
+            return cls.model_validate(obj)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise InvalidRequestError(f"{CONFIG}: {where}: {err['msg']}") from None
+
+    @property
+    def strategy_name(self) -> str:
+        return self.strategy.canonical or self.strategy.spec or "?"
+
+
 def load_run(path: str | Path) -> RunReport:
     """Summarise a run directory (``config.json`` + ``results.jsonl``).
 
     Raises:
-        InvalidRequestError: not a run directory.
+        InvalidRequestError: not a run directory, or a file of it that cannot be read.
     """
     p = Path(path)
     cfg_path = p / CONFIG
     if not cfg_path.exists():
         raise InvalidRequestError(f"{p} is not a run directory (no {CONFIG})")
-    cfg = json.loads(cfg_path.read_text())
+    cfg = RunConfig.parse(snapshot(cfg_path))
+    return summarize_run(p.name, str(p), cfg, read_results(p / RESULTS))
+
+
+def summarize_run(name: str, path: str, cfg: RunConfig,
+                  results: Sequence[Mapping[str, Any]]) -> RunReport:
+    """The numbers of a run from its config and result rows (rows as
+    :func:`~refinery.eval.results_file.parse_results` checked them; the first per id
+    counts)."""
     rows, seen = [], set()
-    for r in read_results(p / RESULTS):
+    for r in results:
         if r.get("id") not in seen:
             seen.add(r.get("id"))
             rows.append(r)
-    ds = cfg.get("dataset", {})
     strict_rows = [r["strict_match"] for r in rows if r.get("strict_match") is not None]
     flex_rows = [r["flexible_match"] for r in rows if r.get("flexible_match") is not None]
     by_level: dict[int, list[bool]] = defaultdict(list)
@@ -86,12 +146,9 @@ def load_run(path: str | Path) -> RunReport:
         if r.get("level") is not None:
             by_level[int(r["level"])].append(bool(r.get("passed")))
     return RunReport(
-        name=p.name, path=str(p),
-        strategy=cfg.get("strategy", {}).get("canonical") or cfg.get("strategy", {}).get("spec",
-                                                                                        "?"),
-        dataset=ds.get("name", "?"), model=cfg.get("model", "?"), n=len(rows),
-        planned=ds.get("n_problems"), accuracy=accuracy(bool(r.get("passed")) for r in rows),
-        cost=cost_summary(rows),
+        name=name, path=path, strategy=cfg.strategy_name, dataset=cfg.dataset.name,
+        model=cfg.model, n=len(rows), planned=cfg.dataset.n_problems,
+        accuracy=accuracy(bool(r.get("passed")) for r in rows), cost=cost_summary(rows),
         strict=accuracy(strict_rows) if strict_rows else None,
         flexible=accuracy(flex_rows) if flex_rows else None,
         levels={lv: accuracy(v) for lv, v in sorted(by_level.items())})

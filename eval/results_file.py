@@ -5,6 +5,12 @@ A crash mid-append leaves at most a torn last line, which a reader skips and a
 writer cuts off before appending (``repair=True``); nothing else is ever rewritten
 in place (:func:`rewrite` writes a temporary file and renames it over the old).
 
+Reading never waits and never trusts a line: a FIFO or a device in place of a
+file reads as empty (opened non-blocking, regular files only), and a line that is
+not a result (not JSON, not UTF-8, not an object, a field of the wrong type) is a
+:class:`BadLine` of :func:`parse_results`; :func:`read_results`, for the runner,
+refuses the file at the first one.
+
 Example:
     >>> append_line("runs/sc4/results.jsonl", {"id": "arith-test-0", "passed": True})
     >>> read_results("runs/sc4/results.jsonl")[-1]["passed"]
@@ -18,14 +24,70 @@ import json
 import os
 import stat
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from refinery.engine.errors import InvalidRequestError, StorageError
 from refinery.engine.trace import append_whole_line
 
-__all__ = ["append_line", "compact_traces", "read_results", "rewrite", "snapshot",
+__all__ = ["BadLine", "ParsedResults", "ResultRow", "append_line", "compact_traces",
+           "complete_lines", "parse_results", "read_results", "rewrite", "snapshot",
            "write_json_atomic"]
+
+
+class RowUsage(BaseModel):
+    """A result line's ``usage``: token and call counts of the problem."""
+
+    model_config = ConfigDict(extra="allow")
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int | None = None
+    calls: int = 0
+
+
+class ResultRow(BaseModel):
+    """The fields of a result line that its readers (reports, the web page) use, with
+    their types; a line whose fields do not fit is not a result. Other fields pass."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str | int | None = None
+    index: int | None = None
+    passed: bool = False
+    level: int | None = None
+    prompt: str | None = None
+    text: str | None = None
+    gold: str | int | float | None = None
+    prediction: str | int | float | None = None
+    strict_match: bool | None = None
+    flexible_match: bool | None = None
+    usage: RowUsage | None = None
+    seconds: float | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    session: str | None = None
+    session_start: float | None = None
+    time: float | None = None
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A line of a results file that is not a result, and why."""
+
+    number: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ParsedResults:
+    """The result rows of a file's complete lines, and the lines that were not results."""
+
+    rows: list[dict[str, Any]]
+    bad: list[BadLine]
 
 
 def append_line(path: str | os.PathLike[str], row: Mapping[str, Any]) -> None:
@@ -54,14 +116,55 @@ def snapshot(path: Path) -> bytes:
         return f.read(st.st_size) if stat.S_ISREG(st.st_mode) else b""
 
 
+def complete_lines(data: bytes) -> bytes:
+    """``data`` up to its last newline: a torn last line (a writer killed mid-write) cut."""
+    return data if not data or data.endswith(b"\n") else data[:data.rfind(b"\n") + 1]
+
+
 def _complete_part(path: Path, *, repair: bool) -> bytes:
     data = snapshot(path)
-    if data and not data.endswith(b"\n"):
-        cut = data.rfind(b"\n") + 1
-        data = data[:cut]
-        if repair:  # cut the torn tail so the next append starts on a fresh line
-            os.truncate(path, cut)
-    return data
+    whole = complete_lines(data)
+    if repair and len(whole) != len(data):  # so the next append starts on a fresh line
+        os.truncate(path, len(whole))
+    return whole
+
+
+def parse_results(data: bytes) -> ParsedResults:
+    """The result rows of ``data`` (whole lines of a ``results.jsonl``), each a JSON
+    object whose fields fit :class:`ResultRow`; every other non-blank line is a
+    :class:`BadLine` (numbered from 1)."""
+    rows: list[dict[str, Any]] = []
+    bad: list[BadLine] = []
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        row, reason = _parse_row(line)
+        if row is None:
+            bad.append(BadLine(number, reason))
+        else:
+            rows.append(row)
+    return ParsedResults(rows, bad)
+
+
+def _parse_row(line: bytes) -> tuple[dict[str, Any] | None, str]:
+    """One line as a result row, or None and why it is not one."""
+    try:
+        row = json.loads(line)  # bytes: invalid UTF-8 is a ValueError too
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except ValueError as exc:
+        return None, f"not JSON: {getattr(exc, 'msg', exc)}"
+    except RecursionError:
+        return None, "JSON nested too deeply"
+    if not isinstance(row, dict):
+        return None, f"a JSON {type(row).__name__}, not an object"
+    try:
+        ResultRow.model_validate(row)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        return None, f"{where}: {err['msg']}"
+    return row, ""
 
 
 def read_results(path: str | os.PathLike[str], *, repair: bool = False) -> list[dict[str, Any]]:
@@ -69,23 +172,24 @@ def read_results(path: str | os.PathLike[str], *, repair: bool = False) -> list[
     ``repair=True`` truncated off the file). A missing file is an empty run.
 
     Raises:
-        InvalidRequestError: a line other than the last is not valid JSON (edited by hand?).
+        InvalidRequestError: a line other than the last is not a result (edited by hand?).
     """
     p = Path(path)
     if not p.exists():
         return []
-    rows = []
-    for i, line in enumerate(_complete_part(p, repair=repair).splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise InvalidRequestError(f"{p}:{i}: corrupt result line ({exc.msg})") from exc
-    return rows
+    parsed = parse_results(_complete_part(p, repair=repair))
+    if parsed.bad:
+        first = parsed.bad[0]
+        raise InvalidRequestError(f"{p}:{first.number}: corrupt result line ({first.reason})")
+    return parsed.rows
 
 
 def rewrite(path: Path, lines: Sequence[bytes]) -> None:
+    """Replace ``path`` by ``lines`` atomically: a temporary file, fsynced, renamed over.
+
+    Raises:
+        StorageError: the temporary file could not be written; ``path`` is unchanged.
+    """
     tmp = path.with_name(path.name + ".tmp")
     try:
         with open(tmp, "wb") as f:
@@ -102,20 +206,17 @@ def rewrite(path: Path, lines: Sequence[bytes]) -> None:
 
 
 def compact_traces(path: Path, keep: set[str]) -> None:
-    """Keep one trace (the last) per finished problem; drop torn tails and traces of
-    problems that will run again (a kill between trace and result leaves those)."""
+    """Keep one trace (the last) per finished problem; drop torn tails, lines that are
+    not traces, and traces of problems that will run again (a kill between trace and
+    result leaves those)."""
     if not path.exists():
         return
-    raw = snapshot(path)
-    lines = raw.splitlines(keepends=True)
+    lines = snapshot(path).splitlines(keepends=True)
     last: dict[str, int] = {}
     for i, line in enumerate(lines):
         if not line.endswith(b"\n"):
             continue
-        try:
-            tid = json.loads(line).get("task_id")
-        except json.JSONDecodeError:
-            continue
+        tid = _trace_task_id(line)
         if tid in keep:
             last[tid] = i
     kept = [lines[i] for i in sorted(last.values())]
@@ -123,5 +224,16 @@ def compact_traces(path: Path, keep: set[str]) -> None:
         rewrite(path, kept)
 
 
+def _trace_task_id(line: bytes) -> str | None:
+    """A trace line's ``task_id``, or None when the line is not an object with a string id."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    tid = obj.get("task_id") if isinstance(obj, dict) else None
+    return tid if isinstance(tid, str) else None
+
+
 def write_json_atomic(path: Path, obj: Any) -> None:
+    """``obj`` as indented JSON in ``path``, written by :func:`rewrite`."""
     rewrite(path, [(json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n").encode()])

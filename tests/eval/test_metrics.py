@@ -115,3 +115,16 @@ def test_cost_summary_per_problem_and_wall_over_sessions() -> None:
     assert c.prompt_tokens == pytest.approx(10.0) and c.completion_tokens == pytest.approx(30.0)
     assert c.latency_seconds == pytest.approx(2.0) and c.errors == 1
     assert c.wall_seconds == pytest.approx((6.0 + 3.0) / 3)
+
+
+def test_cost_summary_counts_garbled_fields_as_nothing_instead_of_failing() -> None:
+    rows = [{"usage": {"prompt_tokens": 10, "completion_tokens": 30, "calls": 2},
+             "seconds": 1.0},
+            {"usage": [1, 2], "seconds": "slow"},
+            {"usage": {"prompt_tokens": "many", "completion_tokens": True, "calls": None}},
+            1, "row"]
+    c = cost_summary(rows)  # type: ignore[arg-type]
+    assert c.n == 3 and c.tokens == pytest.approx(40 / 3) and c.calls == pytest.approx(2 / 3)
+    assert c.latency_seconds == pytest.approx(1 / 3) and c.wall_seconds is None
+    assert cost_summary([{"session": ["a"], "session_start": 1.0, "time": 2.0}]).wall_seconds \
+        is None

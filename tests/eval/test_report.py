@@ -96,3 +96,18 @@ def test_report_rejects_a_non_run_dir(tmp_path) -> None:
 
     with pytest.raises(InvalidRequestError, match="not a run directory"):
         write_report([tmp_path], tmp_path / "docs")
+
+
+@pytest.mark.parametrize(("config", "says"), [
+    ("[1, 2]", "config.json is a JSON list, not an object"),
+    ('{"dataset": "gsm8k"}', "config.json: dataset: Input should be"),
+    ('{"strategy": {"spec": 3}}', "config.json: strategy.spec: Input should be"),
+    ("{not json", "config.json is not JSON"),
+])
+def test_a_config_that_is_not_a_run_config_is_refused_by_name(tmp_path, config, says) -> None:
+    from refinery.engine.errors import InvalidRequestError
+
+    run = make_run(tmp_path / "r", "cot", [True], 10, 1, 1.0)
+    (run / CONFIG).write_text(config)
+    with pytest.raises(InvalidRequestError, match=re.escape(says)):
+        load_run(run)
