@@ -6,6 +6,12 @@ that made the answer are marked ``answer``, and the candidates the answer's
 ``select`` steps chose (their parents, followed through nested selects) are
 marked ``chosen``. Texts stay text: the template escapes every one of them.
 
+Building the view is linear in the events (a union-find keeps the tree a tree,
+whatever cycles a file's parents make) and nothing recurses, here or in the
+template: the tree reaches the page as :class:`TreeRow` s in page order, each
+saying how many levels it closes. A trace of more than :data:`MAX_EVENTS`
+events is shown without its tree, with a note saying so.
+
 Example:
     >>> view = trace_view(trace, Budget(max_calls=8))
     >>> [(b.name, b.used, b.limit) for b in view.budget][0]
@@ -27,6 +33,7 @@ from refinery.engine.types import Message
 from refinery.strategies.registry import build_with_graph
 
 SHOWN_DATA_SCORES = ("score", "total", "votes")  # the data keys shown in a step's header
+MAX_EVENTS = 5000  # the most events whose tree the page draws (bench/ui_load.py times it)
 
 
 class Output(BaseModel):
@@ -61,6 +68,15 @@ class CallView(BaseModel):
     children: list[CallView] = Field(default_factory=list)
 
 
+class TreeRow(BaseModel):
+    """One event of the tree in page order: ``opens`` when its children follow (its
+    list item stays open), ``closes`` the levels that end after it."""
+
+    call: CallView
+    opens: bool = False
+    closes: int = 0
+
+
 class BudgetRow(BaseModel):
     """What the task used of one budget, against its limit (None: unlimited)."""
 
@@ -85,6 +101,8 @@ class TraceView(BaseModel):
     loops: int
     budget: list[BudgetRow]
     roots: list[CallView]
+    rows: list[TreeRow] = Field(default_factory=list)
+    too_many: str | None = None
 
 
 def trace_view(trace: Trace, limits: Budget | None = None,
@@ -99,11 +117,17 @@ def trace_view(trace: Trace, limits: Budget | None = None,
               BudgetRow(name="tokens", used=u.total_tokens, limit=limits.max_tokens),
               BudgetRow(name="seconds", used=round(trace.seconds, 2),
                         limit=limits.max_seconds)]
+    n = len(trace.events)
+    roots = call_tree(trace) if n <= MAX_EVENTS else []
+    too_many = None if n <= MAX_EVENTS else (
+        f"This trace has {n:,} events; the explorer draws the tree of traces of up to "
+        f"{MAX_EVENTS:,}. `refinery trace show FILE --task ID` prints it whole.")
     return TraceView(
         task_id=trace.task_id, question=trace.task.question if trace.task else None,
         gold=trace.task.gold if trace.task else None, strategy=trace.strategy,
         model=trace.model, answer=att.answer if att else None, text=att.text if att else None,
-        error=trace.error, events=len(trace.events), budget=budget, roots=call_tree(trace),
+        error=trace.error, events=n, budget=budget, roots=roots, rows=tree_rows(roots),
+        too_many=too_many,
         loops=sum(o.finish_reason == "loop" for e in trace.events for o in e.completions or []))
 
 
@@ -117,34 +141,72 @@ def spec_worst_case(spec: str) -> int | None:
 
 
 def call_tree(trace: Trace) -> list[CallView]:
-    """The events as a forest: each under its first known parent, in trace order."""
-    by_id = {e.id: e for e in trace.events}
+    """The events as a forest: each under its first known parent, in trace order, unless
+    that would close a cycle (then it is a root). A parent id names the first event
+    with that id."""
+    events = trace.events
+    first: dict[str, int] = {}
+    for i, e in enumerate(events):
+        first.setdefault(e.id, i)
     answer = set(trace.attempt.events) if trace.attempt else set()
-    chosen = chosen_events(trace.events, answer)
-    views = {e.id: call_view(e, answer, chosen) for e in trace.events}
+    chosen = chosen_events(events, answer)
+    views = [call_view(e, answer, chosen) for e in events]
+    forest = Forest(len(events))
     roots = []
-    for e in trace.events:
-        parents = _dedupe(p for p in e.parents if p in by_id and p != e.id)
-        views[e.id].also_from = parents[1:]
-        if parents and _is_ancestor_free(e.id, parents[0], by_id):
-            views[parents[0]].children.append(views[e.id])
+    for i, e in enumerate(events):
+        parents = _dedupe(p for p in e.parents if p in first and p != e.id)
+        views[i].also_from = parents[1:]
+        if parents and forest.attach(i, first[parents[0]]):
+            views[first[parents[0]]].children.append(views[i])
         else:
-            roots.append(views[e.id])
+            roots.append(views[i])
     return roots
 
 
-def _is_ancestor_free(eid: str, parent: str, by_id: dict[str, TraceEvent]) -> bool:
-    """Whether hanging ``eid`` under ``parent`` keeps the tree a tree (no cycle back)."""
-    seen, todo = set(), [parent]
-    while todo:
-        nid = todo.pop()
-        if nid == eid:
+class Forest:
+    """Trees over nodes ``0..n-1`` joined one edge at a time, refusing an edge that
+    would close a cycle: a union-find (path halving, union by size), so ``n`` joins
+    take about linear time, where walking up the tree for each would be quadratic."""
+
+    def __init__(self, n: int):
+        self.up = list(range(n))
+        self.size = [1] * n
+
+    def find(self, x: int) -> int:
+        up = self.up
+        while up[x] != x:
+            up[x] = up[up[x]]
+            x = up[x]
+        return x
+
+    def attach(self, child: int, parent: int) -> bool:
+        """Hang ``child`` (the root of its tree) under ``parent``; False, and nothing
+        changed, when ``parent`` is in ``child``'s own tree."""
+        a, b = self.find(child), self.find(parent)
+        if a == b:
             return False
-        if nid in seen or nid not in by_id:
+        if self.size[a] > self.size[b]:
+            a, b = b, a
+        self.up[a] = b
+        self.size[b] += self.size[a]
+        return True
+
+
+def tree_rows(roots: list[CallView]) -> list[TreeRow]:
+    """The forest in page order (depth first), without recursion: each row says whether
+    its children follow and how many open levels end after it."""
+    rows: list[TreeRow] = []
+    todo: list[tuple[CallView, bool]] = [(r, False) for r in reversed(roots)]
+    while todo:
+        node, leaving = todo.pop()
+        if leaving:
+            rows[-1].closes += 1
             continue
-        seen.add(nid)
-        todo += by_id[nid].parents[:1]
-    return True
+        rows.append(TreeRow(call=node, opens=bool(node.children)))
+        if node.children:
+            todo.append((node, True))
+            todo.extend((c, False) for c in reversed(node.children))
+    return rows
 
 
 def chosen_events(events: list[TraceEvent], answer: set[str]) -> set[str]:

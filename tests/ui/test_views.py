@@ -8,7 +8,7 @@ from refinery.engine.types import Attempt, Completion, Usage
 from refinery.eval.metrics import CostSummary, accuracy
 from refinery.eval.report import RunReport
 from refinery.ui.plot import accuracy_plot
-from refinery.ui.traceview import call_tree, chosen_events, trace_view
+from refinery.ui.traceview import MAX_EVENTS, call_tree, chosen_events, trace_view
 
 
 def gen(eid: str, parents: list[str], *finishes: str, step: str = "draft") -> TraceEvent:
@@ -102,3 +102,18 @@ def test_plot_goes_log_when_tokens_span_more_than_20x() -> None:
     plot = accuracy_plot([report("a", 50, [True]), report("b", 5000, [True, False])],
                          ["a", "b"], "d")
     assert plot.log_x and [t.label for t in plot.x_ticks] == ["100", "1,000"]
+
+
+def test_rows_list_the_tree_depth_first_and_close_what_they_open() -> None:
+    view = trace_view(nested_select_trace())
+    assert [(r.call.id, r.opens, r.closes) for r in view.rows] == [
+        ("a", True, 0), ("inner", True, 0), ("outer", False, 2),
+        ("b", True, 0), ("r", True, 0), ("other", False, 2)]
+
+
+def test_a_trace_over_the_event_limit_has_no_tree_and_says_so() -> None:
+    events = [step(f"s{i}", [f"s{i - 1}"] if i else [], "vote")
+              for i in range(MAX_EVENTS + 1)]
+    view = trace_view(Trace(task_id="t", events=events))
+    assert view.rows == [] and view.roots == [] and view.events == MAX_EVENTS + 1
+    assert view.too_many is not None and f"{MAX_EVENTS + 1:,} events" in view.too_many
