@@ -1,7 +1,8 @@
 """The FastAPI app, assembled from the server's parts.
 
-``routes`` (thin routes), ``dependencies`` (auth, capacity), ``errors`` (the
-one exception-to-OpenAI-body mapping), ``middleware`` (body limit),
+``routes`` (thin routes), ``dependencies`` (auth, capacity),
+``errors`` (the one exception-to-OpenAI-body mapping), ``middleware`` (body
+limit, Host, origin and content-type checks, security headers),
 ``supervisor`` (engine start and death policy), ``serve`` (the one serve path)
 and ``state`` (the typed state on ``app.state.server``).
 
@@ -12,12 +13,15 @@ Example:
 
 from __future__ import annotations
 
+import logging
+import re
+
 from fastapi import FastAPI
 
 from refinery.engine.backends.base import Backend
 from refinery.serving.config import ServerConfig
 from refinery.serving.errors import register_error_handlers
-from refinery.serving.middleware import BodyLimit
+from refinery.serving.middleware import guard
 from refinery.serving.routes import router
 from refinery.serving.state import ServerState
 from refinery.serving.supervisor import BackendFactory, EngineSupervisor
@@ -44,9 +48,33 @@ def create_app(config: ServerConfig | None = None, *, backend: Backend | None = 
     app.state.stop_server = None
     app.state.engine_died = False
     register_error_handlers(app)
-    app.add_middleware(BodyLimit, limit=config.max_body_bytes)
+    guard(app, max_body_bytes=config.max_body_bytes, allowed_hosts=config.allowed_hosts)
     app.include_router(router)
+    redact_access_log()
     return app
 
 
-__all__ = ["create_app"]
+# A query parameter that may hold a credential, and its value (up to the next & or space).
+SECRET_PARAM = re.compile(r"([?&](?:key|api_key|access_token|token)=)[^&\s\"]*", re.IGNORECASE)
+
+
+class RedactSecrets(logging.Filter):
+    """Blank credential-like query parameters in a log record's arguments (uvicorn's
+    access log writes each request's path with its query string)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(SECRET_PARAM.sub(r"\1[redacted]", a) if isinstance(a, str)
+                                else a for a in record.args)
+        return True
+
+
+def redact_access_log(logger: str = "uvicorn.access") -> None:
+    """Install :class:`RedactSecrets` on ``logger`` once (uvicorn keeps a logger's filters
+    when it configures logging)."""
+    log = logging.getLogger(logger)
+    if not any(isinstance(f, RedactSecrets) for f in log.filters):
+        log.addFilter(RedactSecrets())
+
+
+__all__ = ["RedactSecrets", "create_app", "redact_access_log"]

@@ -43,6 +43,12 @@ class ServerConfig:
     a new backend in place, at most ``max_engine_restarts`` times, then exits.
     ``graceful_timeout`` is how long a stopping server lets in-flight requests
     finish before cancelling them.
+
+    ``allowed_hosts`` are the ``Host`` names a request that arrived on a loopback
+    address may carry besides ``localhost``, ``*.localhost``, ``127.0.0.1`` and
+    ``::1`` (a name a web page's DNS points at 127.0.0.1 is refused: DNS
+    rebinding); ``*`` accepts any. By default ``REFINERY_ALLOWED_HOSTS``
+    (comma-separated), for a reverse proxy on the same machine.
     """
 
     model: str = DEFAULT_MODEL
@@ -65,6 +71,7 @@ class ServerConfig:
     max_engine_restarts: int = 3
     engine_check_seconds: float = 0.5
     graceful_timeout: float = 30.0
+    allowed_hosts: frozenset[str] = field(default_factory=lambda: load_allowed_hosts())
 
 
 def load_api_keys(path: str | os.PathLike[str] | None = None) -> frozenset[str]:
@@ -74,3 +81,10 @@ def load_api_keys(path: str | os.PathLike[str] | None = None) -> frozenset[str]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
         keys |= {ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")}
     return frozenset(keys)
+
+
+def load_allowed_hosts(value: str | None = None) -> frozenset[str]:
+    """Extra Host names for loopback connections: ``value``, else ``REFINERY_ALLOWED_HOSTS``
+    (comma-separated, case-insensitive)."""
+    text = os.environ.get("REFINERY_ALLOWED_HOSTS", "") if value is None else value
+    return frozenset(h.strip().lower() for h in text.split(",") if h.strip())

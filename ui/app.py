@@ -25,10 +25,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from refinery.engine.errors import RefineryError
 from refinery.serving import errors as api_errors
+from refinery.serving.app import redact_access_log
 from refinery.serving.config import ServerConfig
-from refinery.serving.middleware import BodyLimit
+from refinery.serving.middleware import SecurityHeaders, guard
 from refinery.ui.auth import HOME
-from refinery.ui.pages import STATIC, render
+from refinery.ui.pages import HEADERS, STATIC, render
 from refinery.ui.routes import router
 from refinery.ui.settings import UISettings
 
@@ -46,18 +47,22 @@ def create_ui_app(settings: UISettings, max_body_bytes: int = 4 * 1024 * 1024) -
     app = FastAPI(title="refinery ui", version="0.1.0", openapi_url=None, docs_url=None,
                   redoc_url=None)
     api_errors.register_error_handlers(app)
-    app.add_middleware(BodyLimit, limit=max_body_bytes)
+    guard(app, max_body_bytes=max_body_bytes, allowed_hosts=settings.allowed_hosts)
+    redact_access_log()
 
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:
         return RedirectResponse(f"{HOME}/runs")
 
-    return install(app, settings)
+    return install(app, settings, headers_on="")
 
 
-def install(app: FastAPI, settings: UISettings) -> FastAPI:
-    """The page's routes, static files and error pages on ``app``."""
+def install(app: FastAPI, settings: UISettings, headers_on: str = HOME) -> FastAPI:
+    """The page's routes, static files and error pages on ``app``; every response under
+    ``headers_on`` (static files and redirects too) carries the page's security headers:
+    the whole app of ``refinery ui``, ``/ui`` of ``refinery serve``."""
     app.state.ui = settings
+    app.add_middleware(SecurityHeaders, headers=HEADERS, prefix=headers_on)
     app.include_router(router)
     app.mount(f"{HOME}/static", StaticFiles(directory=STATIC), name="ui-static")
     for kind in (RefineryError, RequestValidationError, StarletteHTTPException):

@@ -9,7 +9,7 @@ from types import MappingProxyType
 
 from refinery.engine.context import Budget
 from refinery.engine.graph import DEFAULT_MAX_CALLS
-from refinery.serving.config import ServerConfig
+from refinery.serving.config import ServerConfig, load_allowed_hosts
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class UISettings:
     ``model=None`` is ``refinery ui``: runs and traces from disk, no engine, so
     the playground says where to get one. ``limits`` are the server's per-request
     caps: a playground request sends no budget, so these are the limits its
-    trace is shown against.
+    trace is shown against. ``allowed_hosts``: see ``ServerConfig``.
     """
 
     api_keys: frozenset[str] = frozenset()
@@ -31,6 +31,7 @@ class UISettings:
     limits: Budget = field(default_factory=Budget)
     default_max_tokens: int = 512
     default_temperature: float = 0.7
+    allowed_hosts: frozenset[str] = field(default_factory=lambda: load_allowed_hosts())
 
     @classmethod
     def of_server(cls, config: ServerConfig, runs: str | Path | None = None) -> UISettings:
@@ -43,4 +44,5 @@ class UISettings:
                                  max_tokens=config.max_request_tokens,
                                  max_seconds=config.max_request_seconds),
                    default_max_tokens=config.default_max_tokens,
-                   default_temperature=config.default_temperature)
+                   default_temperature=config.default_temperature,
+                   allowed_hosts=config.allowed_hosts)

@@ -366,7 +366,8 @@ async def test_unknown_routes_and_methods_use_the_error_schema(counted):
         assert assert_openai_error(r.json())["type"] == "not_found_error"
         r = await h.post(url + CHAT, content=b"model=x", headers={
             "content-type": "application/x-www-form-urlencoded"})
-        assert r.status_code == 400 and assert_openai_error(r.json())
+        assert r.status_code == 415
+        assert assert_openai_error(r.json())["code"] == "unsupported_media_type"
 
 
 async def test_free_form_specs_do_not_multiply_metric_series(counted):
