@@ -1,6 +1,6 @@
 """The FastAPI app, assembled from the server's parts.
 
-``routes`` (thin routes), ``dependencies`` (auth, capacity),
+``routes`` (thin routes), ``dependencies`` (auth, login sessions, capacity),
 ``errors`` (the one exception-to-OpenAI-body mapping), ``middleware`` (body
 limit, Host, origin and content-type checks, security headers),
 ``supervisor`` (engine start and death policy), ``serve`` (the one serve path)
@@ -20,6 +20,7 @@ from fastapi import FastAPI
 
 from refinery.engine.backends.base import Backend
 from refinery.serving.config import ServerConfig
+from refinery.serving.dependencies import Sessions
 from refinery.serving.errors import register_error_handlers
 from refinery.serving.middleware import guard
 from refinery.serving.routes import router
@@ -47,6 +48,7 @@ def create_app(config: ServerConfig | None = None, *, backend: Backend | None = 
     app.state.server = state
     app.state.stop_server = None
     app.state.engine_died = False
+    app.state.sessions = Sessions()
     register_error_handlers(app)
     guard(app, max_body_bytes=config.max_body_bytes, allowed_hosts=config.allowed_hosts)
     app.include_router(router)

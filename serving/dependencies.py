@@ -1,5 +1,11 @@
 """FastAPI dependencies of the routes: the server state, auth and capacity.
 
+A request is authenticated by ``Authorization: Bearer KEY``, or by the web
+page's login session: a random token in an HttpOnly, SameSite=Strict cookie,
+mapped here (:class:`Sessions`) to the identity of the key it was opened with,
+never the key itself. The API accepts the session only on requests the page's
+own scripts make (``Sec-Fetch-Site: same-origin``, or a matching ``Origin``).
+
 Example:
     >>> @router.post("/v1/chat/completions", dependencies=[Depends(authorize)])
     ... async def chat(req: ChatCompletionRequest, _: None = Depends(admit)): ...
@@ -7,14 +13,24 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import hmac
-from collections.abc import AsyncIterator
-from typing import Annotated
+import secrets
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
 from refinery.engine.errors import AuthenticationError
+from refinery.serving.middleware import is_same_origin
 from refinery.serving.state import ServerState
+
+SESSION_COOKIE = "refinery_session"  # + "_<port>": one server's cookie is not another's
+SESSION_SECONDS = 12 * 3600
+MAX_SESSIONS = 1024
 
 
 def server_state(request: Request) -> ServerState:
@@ -25,48 +41,142 @@ def server_state(request: Request) -> ServerState:
 State = Annotated[ServerState, Depends(server_state)]
 
 
-KEY_COOKIE = "refinery_key"  # set by the web page's login (refinery.ui.auth), HttpOnly
+# ----------------------------------------------------------------------------- sessions
 
 
-def presented_keys(request: Request) -> list[str]:
-    """The API keys a request carries: its ``Authorization: Bearer`` key, then its cookie.
+def key_identity(key: str) -> str:
+    """What a session records of its key: a digest, from which the key cannot be read."""
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
-    A browser cannot add a bearer header to a page load, so the web page's login
-    keeps the key in an HttpOnly, SameSite=Strict cookie; the API accepts it too
-    (the page's own ``fetch`` calls), and no other site can make a browser send it.
+
+@dataclass(frozen=True)
+class Session:
+    """One login: whose key opened it, and until when it holds (monotonic seconds)."""
+
+    key_id: str
+    expires: float
+
+
+class Sessions:
+    """The page's logins: random tokens, each mapped to the identity of the key that
+    opened it, for ``ttl`` seconds or until closed (logout). Tokens are kept hashed.
+
+    At most ``limit`` are open; opening one more drops the oldest. A session whose
+    key is no longer one of the server's keys opens nothing.
     """
+
+    def __init__(self, ttl: float = SESSION_SECONDS, limit: int = MAX_SESSIONS,
+                 clock: Callable[[], float] = time.monotonic):
+        self.ttl, self.limit, self.clock = ttl, limit, clock
+        self._open: dict[str, Session] = {}
+        self._lock = threading.Lock()
+
+    def open(self, key: str) -> str:
+        """A new session of ``key``: its token (the cookie's value)."""
+        token = secrets.token_urlsafe(32)
+        with self._lock:
+            self._drop_expired()
+            while len(self._open) >= self.limit:
+                self._open.pop(next(iter(self._open)))
+            self._open[_digest(token)] = Session(key_identity(key), self.clock() + self.ttl)
+        return token
+
+    def key_id(self, token: str | None) -> str | None:
+        """The key identity of an open, unexpired session ``token`` (else None)."""
+        if not token:
+            return None
+        with self._lock:
+            session = self._open.get(_digest(token))
+        if session is None or session.expires <= self.clock():
+            return None
+        return session.key_id
+
+    def close(self, token: str | None) -> None:
+        """End the session ``token`` (logout); an unknown token is nothing to end."""
+        if token:
+            with self._lock:
+                self._open.pop(_digest(token), None)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def _drop_expired(self) -> None:
+        now = self.clock()
+        for digest in [d for d, s in self._open.items() if s.expires <= now]:
+            del self._open[digest]
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def sessions_of(app: Any) -> Sessions:
+    """The app's :class:`Sessions` (made on first use: the API and the page share it)."""
+    store = getattr(app.state, "sessions", None)
+    if store is None:
+        store = app.state.sessions = Sessions()
+    return store
+
+
+def session_cookie(request: Request) -> str:
+    """The session cookie's name on this server: suffixed with the port it listens on,
+    since browsers send a host's cookies to all of its ports."""
+    server = request.scope.get("server")
+    port = server[1] if server and len(server) > 1 and server[1] else None
+    return f"{SESSION_COOKIE}_{port}" if port else SESSION_COOKIE
+
+
+# --------------------------------------------------------------------------------- keys
+
+
+def bearer_key(request: Request) -> str | None:
+    """The key of an ``Authorization: Bearer KEY`` header, if any."""
     header = request.headers.get("authorization", "")
-    keys = [header[7:]] if header.lower().startswith("bearer ") else []
-    cookie = request.cookies.get(KEY_COOKIE)
-    return [*keys, cookie] if cookie else keys
+    return header[7:] if header.lower().startswith("bearer ") else None
 
 
 def key_accepted(token: str, keys: frozenset[str]) -> bool:
     """Whether ``token`` is one of ``keys``, compared in constant time against each."""
     ok = False
+    raw = token.encode("utf-8", "surrogatepass")
     for key in keys:  # every key, without early exit
-        ok |= hmac.compare_digest(token.encode(), key.encode())
+        ok |= hmac.compare_digest(raw, key.encode("utf-8", "surrogatepass"))
     return ok
 
 
-def check_key(request: Request, keys: frozenset[str]) -> None:
+def session_accepted(request: Request, keys: frozenset[str]) -> bool:
+    """Whether the request's session cookie is open and its key still one of ``keys``."""
+    key_id = sessions_of(request.app).key_id(request.cookies.get(session_cookie(request)))
+    return key_id is not None and key_id in {key_identity(k) for k in keys}
+
+
+def check_key(request: Request, keys: frozenset[str], *, session_ok: bool) -> None:
     """Refuse a request that carries none of ``keys`` (no keys configured: open).
 
+    ``session_ok`` says whether this request may use the page's login session
+    instead of a bearer key.
+
     Raises:
-        AuthenticationError: no bearer header or cookie with a known key.
+        AuthenticationError: no bearer key among ``keys``, and no usable session.
     """
-    if keys and not any(key_accepted(t, keys) for t in presented_keys(request)):
-        raise AuthenticationError("invalid or missing API key", code="invalid_api_key")
+    if not keys:
+        return
+    bearer = bearer_key(request)
+    if bearer is not None and key_accepted(bearer, keys):
+        return
+    if session_ok and session_accepted(request, keys):
+        return
+    raise AuthenticationError("invalid or missing API key", code="invalid_api_key")
 
 
 async def authorize(request: Request, state: State) -> None:
     """Refuse a request without one of the server's API keys (none configured: open).
 
     Raises:
-        AuthenticationError: no ``Authorization: Bearer KEY`` header (or the web
-            page's cookie) with a known key.
+        AuthenticationError: no ``Authorization: Bearer KEY`` header with a known key,
+            nor the web page's session on a request of the page's own scripts.
     """
-    check_key(request, state.config.api_keys)
+    check_key(request, state.config.api_keys, session_ok=is_same_origin(request.headers))
 
 
 async def admit(state: State) -> AsyncIterator[None]:

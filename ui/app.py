@@ -1,7 +1,7 @@
 """The web page, mounted on the API server or served alone over a runs directory.
 
 ``mount_ui(app)`` adds ``/ui`` to a ``refinery serve`` app (same process, same
-keys, the playground calls the app's own streaming chat endpoint);
+keys and login sessions, the playground calls the app's own streaming chat endpoint);
 ``create_ui_app(settings)`` is ``refinery ui --runs DIR``: runs and traces
 from disk, no engine. Errors on a page are pages (a 401 is the login form);
 errors elsewhere keep the API's OpenAI error body.
@@ -27,6 +27,7 @@ from refinery.engine.errors import RefineryError
 from refinery.serving import errors as api_errors
 from refinery.serving.app import redact_access_log
 from refinery.serving.config import ServerConfig
+from refinery.serving.dependencies import Sessions
 from refinery.serving.middleware import SecurityHeaders, guard
 from refinery.ui.auth import HOME
 from refinery.ui.pages import HEADERS, STATIC, render
@@ -46,6 +47,7 @@ def create_ui_app(settings: UISettings, max_body_bytes: int = 4 * 1024 * 1024) -
     """The page alone, over ``settings.runs`` (``refinery ui``): no engine, no API."""
     app = FastAPI(title="refinery ui", version="0.1.0", openapi_url=None, docs_url=None,
                   redoc_url=None)
+    app.state.sessions = Sessions()
     api_errors.register_error_handlers(app)
     guard(app, max_body_bytes=max_body_bytes, allowed_hosts=settings.allowed_hosts)
     redact_access_log()

@@ -44,7 +44,9 @@ TEMPLATES, STATIC = HERE / "templates", HERE / "static"
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'")
 HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
-           "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
+           "Referrer-Policy": "no-referrer", "Cache-Control": "no-store",
+           "X-Frame-Options": "DENY", "Cross-Origin-Opener-Policy": "same-origin",
+           "Cross-Origin-Resource-Policy": "same-origin"}
 MAX_FORM_FIELDS = 8
 
 env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True,
@@ -53,10 +55,16 @@ env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True,
 env.filters["qty"] = lambda x: int(x) if isinstance(x, float) and x.is_integer() else x
 
 
-def render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
-    """The page ``template`` with ``context`` (and the settings), with the page headers."""
+def render(request: Request, template: str, status: int = 200,
+           headers: dict[str, str] | None = None, **context: Any) -> HTMLResponse:
+    """The page ``template`` with ``context`` (and the settings), with the page headers.
+
+    Encoded so that any text shows: a lone surrogate (a JSON ``"\\ud800"`` in a file)
+    is written as its escape instead of failing the page.
+    """
     html = env.get_template(template).render(settings=ui_settings(request), **context)
-    return HTMLResponse(html, status_code=status, headers=HEADERS)
+    return HTMLResponse(html.encode("utf-8", "backslashreplace"), status_code=status,
+                        headers={**HEADERS, **(headers or {})})
 
 
 async def form_fields(request: Request) -> dict[str, str]:

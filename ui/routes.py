@@ -1,7 +1,7 @@
 """The page's routes: thin, each one a page context rendered, or a redirect.
 
 Every page and the page's JSON API are behind ``require_key`` (the server's API
-keys, by bearer header or the login cookie); the login form and the static
+keys, by bearer header or the login session); the login form and the static
 files are not. None is in the OpenAPI schema: the schema documents the API.
 """
 
@@ -11,7 +11,13 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from refinery.engine.errors import AuthenticationError
-from refinery.ui.auth import login_response, logout_response, require_key, ui_settings
+from refinery.ui.auth import (
+    TooManyLoginsError,
+    login_response,
+    logout_response,
+    require_key,
+    ui_settings,
+)
 from refinery.ui.pages import (
     form_fields,
     posted_trace_page,
@@ -24,6 +30,8 @@ from refinery.ui.specs import SpecCheck, check_spec
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 PAGE = [Depends(require_key)]
+KEY_IN_ADDRESS = ("A key in the address is not used: addresses are kept in logs and "
+                  "browser history. Enter it here instead.")
 
 
 @router.get("", dependencies=PAGE)
@@ -68,23 +76,27 @@ async def spec(request: Request, spec: str = Query(max_length=4000)) -> SpecChec
 async def login_form(request: Request, key: str | None = Query(None, max_length=4096),
                      next_url: str | None = Query(None, alias="next", max_length=2000),
                      ) -> Response:
-    """The login form; ``?key=KEY`` logs in at once (for a link), then drops the key."""
+    """The login form. A ``?key=`` is refused unread (400): the form POSTs keys."""
     if key is not None:
-        return login_response(ui_settings(request), request, key, next_url)
+        return render(request, "login.html", status=400, page="login", next=next_url or "",
+                      message=KEY_IN_ADDRESS)
     return render(request, "login.html", page="login", next=next_url or "", message=None)
 
 
 @router.post("/login")
 async def login(request: Request) -> Response:
     fields = await form_fields(request)
+    next_url = fields.get("next", "")
     try:
-        return login_response(ui_settings(request), request, fields.get("key", ""),
-                              fields.get("next"))
+        return login_response(ui_settings(request), request, fields.get("key", ""), next_url)
+    except TooManyLoginsError as exc:
+        return render(request, "login.html", status=exc.status, page="login", next=next_url,
+                      message=exc.message, headers={"Retry-After": str(exc.retry_after)})
     except AuthenticationError as exc:
-        return render(request, "login.html", status=401, page="login",
-                      next=fields.get("next", ""), message=exc.message)
+        return render(request, "login.html", status=401, page="login", next=next_url,
+                      message=exc.message)
 
 
 @router.post("/logout")
-async def logout() -> RedirectResponse:
-    return logout_response()
+async def logout(request: Request) -> RedirectResponse:
+    return logout_response(request)

@@ -1,14 +1,15 @@
-"""The page behind the server's API keys: a login form that sets an HttpOnly cookie,
-accepted by the pages and the API alike; nothing without a key."""
+"""The page behind the server's API keys: a login form that opens a session (an HttpOnly
+cookie holding a random token, never the key), accepted by the pages and, on the page's
+own same-origin requests, by the API; nothing without a key."""
 
 from __future__ import annotations
 
 import pytest
 from fastapi.testclient import TestClient
 
-from refinery.serving.dependencies import KEY_COOKIE
+from refinery.serving.dependencies import SESSION_COOKIE, Sessions
 from refinery.ui import UISettings, create_ui_app
-from refinery.ui.auth import safe_next
+from refinery.ui.auth import LoginThrottle, TooManyLoginsError, safe_next
 from tests.ui.conftest import RUN, ui_app
 
 KEY = "sk-test-key"
@@ -16,6 +17,8 @@ PAGES = ["/ui", "/ui/runs", f"/ui/run?path={RUN}", f"/ui/trace?run={RUN}&task=p-
          "/ui/trace"]
 CHAT = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "2+2?"}],
         "max_tokens": 8}
+COOKIE = f"{SESSION_COOKIE}_80"  # TestClient's server listens on port 80
+PAGE_SCRIPT = {"Sec-Fetch-Site": "same-origin"}  # what a browser adds to the page's fetch
 
 
 @pytest.fixture
@@ -44,29 +47,44 @@ def test_a_wrong_key_is_refused_and_sets_no_cookie(locked: TestClient) -> None:
     r = locked.post("/ui/login", data={"key": "nope", "next": "/ui/runs"},
                     follow_redirects=False)
     assert r.status_code == 401 and "wrong API key" in r.text
-    assert KEY_COOKIE not in r.cookies and "set-cookie" not in r.headers
-    assert locked.get("/ui/login?key=nope", follow_redirects=False).status_code == 401
+    assert COOKIE not in r.cookies and "set-cookie" not in r.headers
 
 
-def test_login_sets_an_httponly_strict_cookie_that_opens_pages_and_api(locked) -> None:
+def test_login_opens_a_session_whose_cookie_is_not_the_key(locked) -> None:
     r = locked.post("/ui/login", data={"key": KEY, "next": "/ui/runs"},
                     follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/ui/runs"
     cookie = r.headers["set-cookie"]
-    assert cookie.startswith(f"{KEY_COOKIE}={KEY};")
+    token = r.cookies[COOKIE]
+    assert KEY not in cookie and len(token) >= 40 and token != KEY
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie and "Path=/" in cookie
+    assert "Max-Age=43200" in cookie
     for url in PAGES:
         assert locked.get(url).status_code == 200, url
-    assert locked.get("/ui/api/spec?spec=cot").json()["ok"]
-    assert locked.get("/v1/models").status_code == 200
-    r = locked.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert locked.get("/ui/api/spec?spec=cot", headers=PAGE_SCRIPT).json()["ok"]
+    assert locked.get("/v1/models", headers=PAGE_SCRIPT).status_code == 200
+    r = locked.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=PAGE_SCRIPT)
     assert r.status_code == 200 and "data: [DONE]" in r.text
 
 
-def test_a_key_in_the_link_logs_in_once_and_leaves_the_address(locked) -> None:
-    r = locked.get(f"/ui/login?key={KEY}&next=/ui/runs", follow_redirects=False)
-    assert r.status_code == 303 and r.headers["location"] == "/ui/runs"
-    assert locked.get("/ui/runs").status_code == 200
+def test_the_api_takes_the_session_only_on_the_pages_own_requests(locked) -> None:
+    locked.post("/ui/login", data={"key": KEY})
+    own = {"Origin": "http://testserver"}  # a browser without Sec-Fetch-Site
+    assert locked.get("/v1/models", headers=own).status_code == 200
+    for headers in ({}, {"Sec-Fetch-Site": "same-site"}, {"Sec-Fetch-Site": "cross-site"},
+                    {"Origin": "http://testserver:9999"}):
+        assert locked.get("/v1/models", headers=headers).status_code == 401, headers
+        assert locked.get("/ui/api/spec?spec=cot", headers=headers).status_code == 401
+    assert locked.get("/ui/runs").status_code == 200  # a page load needs no evidence
+
+
+def test_a_key_in_the_address_is_refused_unread(locked) -> None:
+    for key in (KEY, "nope"):
+        r = locked.get(f"/ui/login?key={key}&next=/ui/runs", follow_redirects=False)
+        assert r.status_code == 400 and "not used" in r.text
+        assert "set-cookie" not in r.headers
+        assert KEY not in r.text
+    assert locked.get("/ui/runs").status_code == 401
 
 
 def test_the_bearer_header_opens_pages_too(locked: TestClient) -> None:
@@ -74,12 +92,58 @@ def test_the_bearer_header_opens_pages_too(locked: TestClient) -> None:
     assert r.status_code == 200
 
 
-def test_logout_drops_the_cookie(locked: TestClient) -> None:
+def test_logout_ends_the_session_for_whoever_still_holds_its_token(locked) -> None:
     locked.post("/ui/login", data={"key": KEY})
+    token = locked.cookies[COOKIE]
     r = locked.post("/ui/logout", follow_redirects=False)
     assert r.status_code == 303 and r.headers["location"] == "/ui/login"
-    assert f'{KEY_COOKIE}=""' in r.headers["set-cookie"]
+    assert f'{COOKIE}=""' in r.headers["set-cookie"]
     assert locked.get("/ui").status_code == 401
+    locked.cookies.set(COOKIE, token)  # a copy of the cookie taken before logout
+    assert locked.get("/ui").status_code == 401
+
+
+def test_a_session_expires_and_a_removed_key_ends_its_sessions() -> None:
+    now = [1000.0]
+    store = Sessions(ttl=60, clock=lambda: now[0])
+    token = store.open(KEY)
+    assert store.key_id(token) is not None and KEY not in store.key_id(token)
+    now[0] += 61
+    assert store.key_id(token) is None
+    assert store.key_id("made-up") is None and store.key_id(None) is None
+    full = Sessions(limit=2)
+    first = full.open(KEY)
+    full.open(KEY), full.open(KEY)
+    assert len(full) == 2 and full.key_id(first) is None  # the oldest made room
+
+
+def test_a_session_of_a_key_the_server_no_longer_has_opens_nothing(recorded_runs) -> None:
+    app = ui_app(recorded_runs, api_keys=frozenset({KEY}))
+    client = TestClient(app)
+    client.post("/ui/login", data={"key": KEY})
+    assert client.get("/ui/runs").status_code == 200
+    app.state.ui = UISettings(api_keys=frozenset({"rotated"}), runs=recorded_runs)
+    assert client.get("/ui/runs").status_code == 401
+
+
+def test_wrong_keys_are_throttled_per_client_with_retry_after(locked) -> None:
+    for _ in range(5):
+        assert locked.post("/ui/login", data={"key": "guess"}).status_code == 401
+    r = locked.post("/ui/login", data={"key": KEY}, follow_redirects=False)
+    assert r.status_code == 429 and "too many wrong keys" in r.text
+    assert int(r.headers["retry-after"]) >= 1 and "set-cookie" not in r.headers
+
+
+def test_the_throttle_forgets_failures_older_than_its_window() -> None:
+    now = [0.0]
+    throttle = LoginThrottle(failures=2, window=10, clock=lambda: now[0])
+    throttle.failed("a"), throttle.failed("a")
+    with pytest.raises(TooManyLoginsError) as exc:
+        throttle.check("a")
+    assert exc.value.status == 429 and 1 <= exc.value.retry_after <= 11
+    throttle.check("b")  # another client is not held back
+    now[0] = 10.5
+    throttle.check("a")
 
 
 def test_the_login_form_returns_to_the_page_asked_without_any_key(locked) -> None:
