@@ -5,6 +5,10 @@ file names reach the page as text, never as markup. The Content-Security-Policy
 allows scripts and styles from ``/ui/static`` only, so even a tag that escaped
 escaping would not run (no inline script, no event-handler attribute).
 
+Pages are built and rendered off the event loop (:func:`off_loop`, at most
+:data:`RENDER_THREADS` at a time): reading a run's files or drawing a large
+trace never stalls the other requests the server is answering.
+
 Example:
     >>> render(request, "runs.html", page="runs", runs=list_runs(root))
     <HTMLResponse 200>
@@ -12,12 +16,14 @@ Example:
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs
 
+import anyio
+import anyio.to_thread
 from fastapi import Request
 from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
@@ -48,6 +54,8 @@ HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
            "X-Frame-Options": "DENY", "Cross-Origin-Opener-Policy": "same-origin",
            "Cross-Origin-Resource-Policy": "same-origin"}
 MAX_FORM_FIELDS = 8
+RENDER_THREADS = 2
+T = TypeVar("T")
 
 env = Environment(loader=FileSystemLoader(TEMPLATES), autoescape=True,
                   undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True)
@@ -67,22 +75,44 @@ def render(request: Request, template: str, status: int = 200,
                         headers={**HEADERS, **(headers or {})})
 
 
-async def form_fields(request: Request) -> dict[str, str]:
-    """A posted form's fields (the last value of each).
+async def off_loop(request: Request, work: Callable[[], T]) -> T:
+    """``work()`` in a worker thread, at most :data:`RENDER_THREADS` of the app's at once,
+    so the event loop goes on serving while a page is read and drawn."""
+    limiter = getattr(request.app.state, "render_limiter", None)
+    if limiter is None:
+        limiter = request.app.state.render_limiter = anyio.CapacityLimiter(RENDER_THREADS)
+    return await anyio.to_thread.run_sync(work, limiter=limiter)
+
+
+async def form_body(request: Request) -> bytes:
+    """A posted form's body, unparsed (a large one is parsed off the loop).
 
     Raises:
-        InvalidRequestError: not an urlencoded form, or not UTF-8.
+        InvalidRequestError: not an urlencoded form.
     """
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/x-www-form-urlencoded":
         raise InvalidRequestError("expected a form (application/x-www-form-urlencoded)")
+    return await request.body()
+
+
+def parse_form(body: bytes) -> dict[str, str]:
+    """A form body's fields (the last value of each).
+
+    Raises:
+        InvalidRequestError: not UTF-8, or more than :data:`MAX_FORM_FIELDS` fields.
+    """
     try:
-        text = (await request.body()).decode("utf-8")
-        fields = parse_qs(text, keep_blank_values=True, max_num_fields=MAX_FORM_FIELDS,
-                          errors="strict")
+        fields = parse_qs(body.decode("utf-8"), keep_blank_values=True,
+                          max_num_fields=MAX_FORM_FIELDS, errors="strict")
     except (UnicodeDecodeError, ValueError) as exc:
         raise InvalidRequestError(f"unreadable form: {exc}") from None
     return {k: v[-1] for k, v in fields.items()}
+
+
+async def form_fields(request: Request) -> dict[str, str]:
+    """A posted (small) form's fields: :func:`form_body`, then :func:`parse_form`."""
+    return parse_form(await form_body(request))
 
 
 def runs_root(settings: UISettings) -> Path:
@@ -98,11 +128,13 @@ def runs_root(settings: UISettings) -> Path:
 
 
 def runs_page(settings: UISettings) -> dict[str, Any]:
-    """The runs list and one accuracy-vs-tokens plot per dataset."""
+    """The runs list, one accuracy-vs-tokens plot per dataset, and the notes on the runs'
+    files."""
     if settings.runs is None:
-        return {"runs": [], "plots": [], "root": None}
+        return {"runs": [], "plots": [], "root": None, "notes": []}
     runs = list_runs(settings.runs)
-    return {"runs": runs, "plots": plots(runs), "root": str(settings.runs)}
+    return {"runs": runs, "plots": plots(runs), "root": str(settings.runs),
+            "notes": [n for r in runs for n in r.notes]}
 
 
 def plots(runs: list[RunRow]) -> list[Plot]:
@@ -116,35 +148,40 @@ def plots(runs: list[RunRow]) -> list[Plot]:
 
 
 def run_page(settings: UISettings, name: str) -> dict[str, Any]:
-    """One run: its numbers and its problems."""
-    run = resolve_run(runs_root(settings), name)
-    return {"name": name, "row": run_row(run, name), "problems": problems(run)}
+    """One run: its numbers, its problems, and the notes on its files."""
+    root = runs_root(settings)
+    run = resolve_run(root, name)
+    found, notes = problems(root, run, name)
+    return {"name": name, "row": run_row(root, run, name), "problems": found, "notes": notes}
 
 
 def run_trace_page(settings: UISettings, name: str, task: str) -> dict[str, Any]:
     """A problem's trace, against the run's per-problem budget."""
-    run = resolve_run(runs_root(settings), name)
-    limits, worst_case = run_limits(run)
-    view = trace_view(find_trace(run, task), limits, worst_case)
-    return {"view": view, "run": name, "source": f"run {name}"}
+    root = runs_root(settings)
+    run = resolve_run(root, name)
+    limits, worst_case, notes = run_limits(root, run, name)
+    view = trace_view(find_trace(root, run, task, name), limits, worst_case)
+    return {"view": view, "run": name, "source": f"run {name}", "notes": notes}
 
 
 def posted_trace_page(settings: UISettings, fields: dict[str, str]) -> dict[str, Any]:
     """A trace sent by the page: the playground's last answer (``source=playground``:
     shown against this server's per-request caps, which it ran under) or one pasted in
-    (limits unknown).
+    (limits unknown). Parsed by pydantic's JSON parser, which refuses nesting deeper
+    than it can handle with an error, not a crash.
 
     Raises:
         InvalidRequestError: the ``trace`` field is not a trace.
     """
     text = fields.get("trace", "").strip()
     try:
-        trace = Trace.model_validate(json.loads(text))
-    except (ValueError, ValidationError) as exc:
-        first = str(exc).splitlines()[0][:200]
+        trace = Trace.model_validate_json(text)
+    except ValidationError as exc:
+        lines = str(exc).splitlines()
+        first = " ".join(s.strip() for s in lines[1:3])[:200] or lines[0][:200]
         raise InvalidRequestError(f"not a refinery trace (one JSON object): {first}",
                                   param="trace") from None
     playground = fields.get("source") == "playground"
     limits = settings.limits if playground else None
-    return {"view": trace_view(trace, limits), "run": None,
+    return {"view": trace_view(trace, limits), "run": None, "notes": [],
             "source": "the playground" if playground else "pasted"}

@@ -2,7 +2,9 @@
 
 Every page and the page's JSON API are behind ``require_key`` (the server's API
 keys, by bearer header or the login session); the login form and the static
-files are not. None is in the OpenAPI schema: the schema documents the API.
+files are not. Pages that read run files or draw a trace are built off the
+event loop (``off_loop``). None is in the OpenAPI schema: the schema documents
+the API.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from refinery.ui.auth import (
     ui_settings,
 )
 from refinery.ui.pages import (
+    form_body,
     form_fields,
+    off_loop,
+    parse_form,
     posted_trace_page,
     render,
     run_page,
@@ -41,12 +46,16 @@ async def playground(request: Request) -> HTMLResponse:
 
 @router.get("/runs", dependencies=PAGE)
 async def runs(request: Request) -> HTMLResponse:
-    return render(request, "runs.html", page="runs", **runs_page(ui_settings(request)))
+    settings = ui_settings(request)
+    return await off_loop(request, lambda: render(request, "runs.html", page="runs",
+                                                  **runs_page(settings)))
 
 
 @router.get("/run", dependencies=PAGE)
 async def run(request: Request, path: str = Query(max_length=1000)) -> HTMLResponse:
-    return render(request, "run.html", page="runs", **run_page(ui_settings(request), path))
+    settings = ui_settings(request)
+    return await off_loop(request, lambda: render(request, "run.html", page="runs",
+                                                  **run_page(settings, path)))
 
 
 @router.get("/trace", dependencies=PAGE)
@@ -55,14 +64,16 @@ async def trace(request: Request, run: str | None = Query(None, max_length=1000)
     """A run's problem's trace; without both parameters, the form to paste one."""
     if run is None or task is None:
         return render(request, "trace_open.html", page="trace")
-    context = run_trace_page(ui_settings(request), run, task)
-    return render(request, "trace.html", page="trace", **context)
+    settings = ui_settings(request)
+    return await off_loop(request, lambda: render(request, "trace.html", page="trace",
+                                                  **run_trace_page(settings, run, task)))
 
 
 @router.post("/trace", dependencies=PAGE)
 async def posted_trace(request: Request) -> HTMLResponse:
-    context = posted_trace_page(ui_settings(request), await form_fields(request))
-    return render(request, "trace.html", page="trace", **context)
+    settings, body = ui_settings(request), await form_body(request)
+    return await off_loop(request, lambda: render(
+        request, "trace.html", page="trace", **posted_trace_page(settings, parse_form(body))))
 
 
 @router.get("/api/spec", dependencies=PAGE)

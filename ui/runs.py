@@ -6,36 +6,56 @@ levels below the root and named by their path relative to it; a name that
 leads outside the root, or to no run, is a 404, so a request can only read run
 files under the directory the server was started with.
 
+Every file is read through :mod:`refinery.ui.files` (regular files inside the
+root, never a wait) and never trusted: a line that is not a result, or a
+config field of the wrong type, becomes a note on the page ("run X: results.jsonl
+line 7 is not a result (...)") and the rest is shown. What a run's files hold is
+parsed once per version of them (cached by inode, size and mtime); a traces file
+is indexed once (task id to line), however its JSON was formatted.
+
 Example:
     >>> [r.name for r in list_runs(Path("runs"))]
     ['cot-arith', 'gsm8k/ssr']
-    >>> find_trace(resolve_run(Path("runs"), "cot-arith"), "arith-test-0").task_id
+    >>> find_trace(Path("runs"), resolve_run(Path("runs"), "cot-arith"), "arith-test-0").task_id
     'arith-test-0'
 """
 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, ValidationError
 
 from refinery.engine.context import Budget
 from refinery.engine.errors import InvalidRequestError, NotFoundError
 from refinery.engine.trace import Trace
-from refinery.eval.report import RunReport, load_run
-from refinery.eval.runner import CONFIG, RESULTS, TRACES, read_results
+from refinery.eval.report import RunConfig, RunReport, summarize_run
+from refinery.eval.results_file import ResultRow, complete_lines, parse_results
+from refinery.eval.runner import CONFIG, RESULTS, TRACES
+from refinery.ui.files import RunFileError, Stamp, read_at, read_file, stamp
+from refinery.ui.files import complete_lines as file_lines
 
 MAX_DEPTH = 3
+MAX_CONFIG_BYTES = 8 << 20
+MAX_RESULTS_BYTES = 256 << 20
+MAX_TRACE_LINE_BYTES = 64 << 20
+MAX_NOTES = 20  # per file; the rest are counted
+ID_PREFIX_BYTES = 4096  # a trace line's task id is read from this much of its head
 
 
 class RunRow(BaseModel):
-    """One run of the list: its name under the root and its numbers (or why it has none)."""
+    """One run of the list: its name under the root and its numbers (or why it has none),
+    and notes on what of its files was skipped."""
 
     name: str
     report: RunReport | None = None
     error: str | None = None
+    notes: list[str] = Field(default_factory=list)
 
 
 class Problem(BaseModel):
@@ -55,27 +75,54 @@ class Problem(BaseModel):
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class RunFiles:
+    """What a run's config and results hold: the config (None: unreadable, ``error``
+    says why), the result rows, and notes on the lines skipped."""
+
+    config: RunConfig | None
+    rows: list[dict[str, Any]]
+    notes: list[str]
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class TraceIndex:
+    """Where each task's (last) trace is in a traces file: ``(offset, size, line)``."""
+
+    at: dict[str, tuple[int, int, int]]
+    notes: list[str]
+
+
+# --------------------------------------------------------------------------------- runs
+
+
 def list_runs(root: Path) -> list[RunRow]:
     """Every run directory under ``root`` (itself included), sorted by name."""
-    return [run_row(path, path.relative_to(root).as_posix() if path != root else ".")
+    return [run_row(root, path, path.relative_to(root).as_posix() if path != root else ".")
             for path in sorted(_run_dirs(root, MAX_DEPTH))]
 
 
-def run_row(path: Path, name: str) -> RunRow:
-    """A run's numbers, or why it has none (a corrupt results file, say)."""
-    try:
-        return RunRow(name=name, report=load_run(path))
-    except (InvalidRequestError, OSError, ValueError) as exc:
-        return RunRow(name=name, error=str(exc))
+def run_row(root: Path, path: Path, name: str) -> RunRow:
+    """A run's numbers, or why it has none (an unreadable config, say), with notes."""
+    files = run_files(root, path, name)
+    if files.config is None:
+        return RunRow(name=name, error=files.error, notes=files.notes)
+    report = summarize_run(name, str(path), files.config, files.rows)
+    return RunRow(name=name, report=report, notes=files.notes)
 
 
 def _run_dirs(path: Path, depth: int) -> list[Path]:
     if (path / CONFIG).is_file():
         return [path]
-    if depth == 0 or not path.is_dir():
+    if depth == 0 or not path.is_dir() or path.is_symlink():
+        return []
+    try:
+        children = sorted(path.iterdir())
+    except OSError:  # unreadable directory: no runs in it
         return []
     found = []
-    for child in path.iterdir():
+    for child in children:
         if child.is_dir() and not child.is_symlink() and not child.name.startswith("."):
             found += _run_dirs(child, depth - 1)
     return found
@@ -87,70 +134,171 @@ def resolve_run(root: Path, name: str) -> Path:
     Raises:
         NotFoundError: ``name`` is not a run under ``root``.
     """
-    base = root.resolve()
-    path = (base / name).resolve()
+    missing = NotFoundError(f"no run named {name!r} here")
+    if "\0" in name:
+        raise missing
+    try:
+        base = root.resolve()
+        path = (base / name).resolve()
+    except (OSError, RuntimeError, ValueError):
+        raise missing from None
     if not path.is_relative_to(base) or not (path / CONFIG).is_file():
-        raise NotFoundError(f"no run named {name!r} here")
+        raise missing
     return path
 
 
-def problems(run: Path) -> list[Problem]:
-    """The run's problems in dataset order (the first result line of each, as reports do)."""
+def run_files(root: Path, run: Path, name: str) -> RunFiles:
+    """The run's config and results as :class:`RunFiles`, parsed once per version."""
+    try:
+        stamps = (stamp(root, run / CONFIG), stamp(root, run / RESULTS))
+    except RunFileError as exc:
+        return RunFiles(None, [], [], error=f"run {name}: {exc.message}")
+    return _run_files(root, run, name, stamps)
+
+
+@lru_cache(maxsize=256)
+def _run_files(root: Path, run: Path, name: str,
+               stamps: tuple[Stamp | None, Stamp | None]) -> RunFiles:
+    try:
+        config = RunConfig.parse(read_file(root, run / CONFIG, MAX_CONFIG_BYTES) or b"")
+    except InvalidRequestError as exc:  # RunFileError included
+        return RunFiles(None, [], [], error=f"run {name}: {exc.message}")
+    try:
+        data = read_file(root, run / RESULTS, MAX_RESULTS_BYTES) or b""
+    except RunFileError as exc:
+        return RunFiles(config, [], [f"run {name}: {exc.message}"])
+    parsed = parse_results(complete_lines(data))
+    notes = [f"run {name}: {RESULTS} line {b.number} is not a result ({b.reason})"
+             for b in parsed.bad]
+    return RunFiles(config, parsed.rows, _capped(notes))
+
+
+def _capped(notes: list[str]) -> list[str]:
+    if len(notes) <= MAX_NOTES:
+        return notes
+    return [*notes[:MAX_NOTES], f"... and {len(notes) - MAX_NOTES:,} more"]
+
+
+def problems(root: Path, run: Path, name: str) -> tuple[list[Problem], list[str]]:
+    """The run's problems in dataset order (the first result line of each, as reports
+    do), and the notes on its files."""
+    files = run_files(root, run, name)
     out: dict[str, Problem] = {}
-    for r in read_results(run / RESULTS):
-        if r.get("id") is None or str(r["id"]) in out:
+    for raw in files.rows:
+        r = ResultRow.model_validate(raw)
+        if r.id is None or str(r.id) in out:
             continue
-        usage = r.get("usage") or {}
-        out[str(r["id"])] = Problem(
-            index=r.get("index") or 0, id=str(r["id"]), passed=bool(r.get("passed")),
-            prediction=_text(r.get("prediction")), gold=_text(r.get("gold")),
-            prompt=str(r.get("prompt") or ""), text=str(r.get("text") or ""),
-            tokens=usage.get("total_tokens") or 0, calls=usage.get("calls") or 0,
-            seconds=r.get("seconds") or 0.0, finish_reason=r.get("finish_reason"),
-            error=r.get("error"))
-    return sorted(out.values(), key=lambda p: p.index)
+        usage = r.usage
+        out[str(r.id)] = Problem(
+            index=r.index or 0, id=str(r.id), passed=r.passed,
+            prediction=_text(r.prediction), gold=_text(r.gold), prompt=r.prompt or "",
+            text=r.text or "", tokens=(usage.total_tokens or 0) if usage else 0,
+            calls=usage.calls if usage else 0, seconds=r.seconds or 0.0,
+            finish_reason=r.finish_reason, error=r.error)
+    notes = files.notes if files.error is None else [files.error, *files.notes]
+    return sorted(out.values(), key=lambda p: p.index), notes
 
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def find_trace(run: Path, task_id: str) -> Trace:
+def run_limits(root: Path, run: Path, name: str) -> tuple[Budget, int | None, list[str]]:
+    """The per-problem budget the run had, its strategy's worst-case calls, and a note
+    if the config's budget could not be read (then no limits are shown)."""
+    config = run_files(root, run, name).config
+    if config is None:
+        return Budget(), None, []
+    try:
+        budget = Budget.model_validate(config.budget or {})
+    except ValidationError as exc:
+        first = str(exc).splitlines()[1:2] or ["?"]
+        return Budget(), config.strategy.worst_case_calls, [
+            f"run {name}: {CONFIG} budget is not a budget ({first[0].strip()}); "
+            "shown without limits"]
+    return budget, config.strategy.worst_case_calls, []
+
+
+# ------------------------------------------------------------------------------- traces
+
+
+def find_trace(root: Path, run: Path, task_id: str, name: str = "") -> Trace:
     """The trace of ``task_id`` in the run (its last one, if a resumed run has several).
 
     Raises:
         NotFoundError: the run has no trace of that task.
+        RunFileError: the traces file cannot be read, or that line is not a trace.
     """
-    found = None
     path = run / TRACES
-    if path.is_file():
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if not line.endswith("\n"):
-                    break  # a torn last line: a writer killed mid-write
-                if _task_id(line) == task_id:
-                    found = line
-    if found is None:
+    index = trace_index(root, path)
+    if task_id not in index.at:
         raise NotFoundError(f"no trace of task {task_id!r} in this run")
-    return Trace.model_validate_json(found)
+    offset, size, number = index.at[task_id]
+    line = read_at(root, path, offset, size)
+    try:
+        return Trace.model_validate_json(line)
+    except ValidationError as exc:
+        first = str(exc).splitlines()[1:3]
+        raise RunFileError(f"run {name}: {TRACES} line {number}, the trace of {task_id!r}, "
+                           f"is not a refinery trace ({' '.join(s.strip() for s in first)})",
+                           param="task") from None
 
 
+def trace_index(root: Path, path: Path) -> TraceIndex:
+    """The :class:`TraceIndex` of a traces file, built once per version of it."""
+    return _trace_index(root, path, stamp(root, path))
+
+
+@lru_cache(maxsize=64)
+def _trace_index(root: Path, path: Path, version: Stamp | None) -> TraceIndex:
+    at: dict[str, tuple[int, int, int]] = {}
+    notes: list[str] = []
+    for number, offset, line in file_lines(root, path, MAX_TRACE_LINE_BYTES):
+        if not line:
+            notes.append(f"{TRACES} line {number} is over {MAX_TRACE_LINE_BYTES:,} bytes")
+            continue
+        task_id, why = line_task_id(line)
+        if task_id is None:
+            if line.strip():
+                notes.append(f"{TRACES} line {number} is not a trace ({why})")
+            continue
+        at[task_id] = (offset, len(line), number)
+    return TraceIndex(at, _capped(notes))
+
+
+_HEAD = re.compile(rb'\s*\{\s*"task_id"\s*:\s*')
 _DECODER = json.JSONDecoder()
-_HEAD = '{"task_id":'
 
 
-def _task_id(line: str) -> Any:
-    """A trace line's task id, read without parsing the (maybe megabytes of) events."""
-    if line.startswith(_HEAD):
+def line_task_id(line: bytes) -> tuple[str | None, str]:
+    """A trace line's task id (or None and why there is none): read from the line's
+    head when ``task_id`` is its first key, as refinery writes it, with or without
+    spaces; otherwise from the whole line parsed."""
+    head = _HEAD.match(line)
+    if head:
+        start = head.end()
+        text = line[start:start + ID_PREFIX_BYTES].decode("utf-8", "replace")
         try:
-            return _DECODER.raw_decode(line, len(_HEAD))[0]
+            value = _DECODER.raw_decode(text)[0]
         except json.JSONDecodeError:
-            return None
-    return json.loads(line).get("task_id")
+            value = None
+        if isinstance(value, str):
+            return value, ""
+    return _parsed_task_id(line)
 
 
-def run_limits(run: Path) -> tuple[Budget, int | None]:
-    """The per-problem budget the run had, and its strategy's worst-case calls."""
-    cfg = json.loads((run / CONFIG).read_text(encoding="utf-8"))
-    budget = Budget.model_validate(cfg.get("budget") or {})
-    return budget, (cfg.get("strategy") or {}).get("worst_case_calls")
+def _parsed_task_id(line: bytes) -> tuple[str | None, str]:
+    try:
+        obj = json.loads(line)
+    except UnicodeDecodeError:
+        return None, "not UTF-8"
+    except ValueError as exc:
+        return None, f"not JSON: {getattr(exc, 'msg', exc)}"
+    except RecursionError:
+        return None, "JSON nested too deeply"
+    if not isinstance(obj, dict):
+        return None, f"a JSON {type(obj).__name__}, not an object"
+    task_id = obj.get("task_id")
+    if not isinstance(task_id, str):
+        return None, "no task_id string"
+    return task_id, ""
