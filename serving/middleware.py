@@ -163,20 +163,25 @@ def check_origin(scope: Scope) -> None:
     """Refuse a state-changing request a browser sent from another origin.
 
     Another local port is another origin but the same site, so SameSite cookies do
-    not stop it; ``Sec-Fetch-Site`` and ``Origin`` do. A request without either (not
-    from a browser) passes: only a browser can be made to send one unawares.
+    not stop it; ``Sec-Fetch-Site`` and ``Origin`` do. ``Sec-Fetch-Site`` decides
+    when the browser sends it: under ``Referrer-Policy: no-referrer`` a browser
+    sends ``Origin: null`` even on a page's own form posts. Without it (an older
+    browser), ``Origin`` decides. A request with neither (not from a browser)
+    passes: only a browser can be made to send one unawares.
 
     Raises:
-        CrossOriginError: ``Sec-Fetch-Site`` is cross-site or same-site, or ``Origin``
-            names another host, port or an opaque origin (``null``).
+        CrossOriginError: ``Sec-Fetch-Site`` is cross-site or same-site, or (without
+            it) ``Origin`` names another host, port or an opaque origin (``null``).
     """
     if scope["method"] in SAFE_METHODS:
         return
     headers = Headers(scope=scope)
     site, origin = headers.get("sec-fetch-site"), headers.get("origin")
-    if site is not None and site not in OWN_SITES:
-        raise CrossOriginError(f"refused: a {site} request may not change anything here",
-                               code="cross_origin")
+    if site is not None:
+        if site not in OWN_SITES:
+            raise CrossOriginError(f"refused: a {site} request may not change anything "
+                                   "here", code="cross_origin")
+        return
     if origin is not None and not same_netloc(origin, headers.get("host", "")):
         raise CrossOriginError(f"refused: a request from {origin[:100]!r} may not change "
                                "anything here", code="cross_origin")
