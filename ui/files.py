@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 from refinery.engine.errors import InvalidRequestError
 
+T = TypeVar("T")
 OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 CHUNK = 1 << 20
 
@@ -170,3 +174,32 @@ def read_at(root: Path, path: Path, offset: int, size: int) -> bytes:
     with os.fdopen(fd, "rb") as f:
         f.seek(offset)
         return f.read(size)
+
+
+class VersionCache(Generic[T]):
+    """One value per key, kept while the key's version (its files' stamps) is unchanged;
+    at most ``size`` keys, the least recently used dropped first. A new version
+    replaces the old one, so a run being written keeps one entry, not one per line."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.hits = self.misses = 0
+        self._items: OrderedDict[Hashable, tuple[Hashable, T]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Hashable, version: Hashable, compute: Callable[[], T]) -> T:
+        """The value of ``key`` at ``version``, computed (outside the lock) if not held."""
+        with self._lock:
+            held = self._items.get(key)
+            if held is not None and held[0] == version:
+                self._items.move_to_end(key)
+                self.hits += 1
+                return held[1]
+            self.misses += 1
+        value = compute()
+        with self._lock:
+            self._items[key] = (version, value)
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return value

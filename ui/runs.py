@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +36,12 @@ from refinery.engine.trace import Trace
 from refinery.eval.report import RunConfig, RunReport, summarize_run
 from refinery.eval.results_file import ResultRow, complete_lines, parse_results
 from refinery.eval.runner import CONFIG, RESULTS, TRACES
-from refinery.ui.files import RunFileError, Stamp, read_at, read_file, stamp
+from refinery.ui.files import RunFileError, VersionCache, read_at, read_file, stamp
 from refinery.ui.files import complete_lines as file_lines
 
 MAX_DEPTH = 3
 MAX_CONFIG_BYTES = 8 << 20
-MAX_RESULTS_BYTES = 256 << 20
+MAX_RESULTS_BYTES = 64 << 20
 MAX_TRACE_LINE_BYTES = 64 << 20
 MAX_NOTES = 20  # per file; the rest are counted
 ID_PREFIX_BYTES = 4096  # a trace line's task id is read from this much of its head
@@ -92,6 +91,10 @@ class TraceIndex:
 
     at: dict[str, tuple[int, int, int]]
     notes: list[str]
+
+
+RUN_FILES: VersionCache[RunFiles] = VersionCache(size=128)
+TRACE_INDEXES: VersionCache[TraceIndex] = VersionCache(size=32)
 
 
 # --------------------------------------------------------------------------------- runs
@@ -153,12 +156,10 @@ def run_files(root: Path, run: Path, name: str) -> RunFiles:
         stamps = (stamp(root, run / CONFIG), stamp(root, run / RESULTS))
     except RunFileError as exc:
         return RunFiles(None, [], [], error=f"run {name}: {exc.message}")
-    return _run_files(root, run, name, stamps)
+    return RUN_FILES.get((root, run, name), stamps, lambda: _run_files(root, run, name))
 
 
-@lru_cache(maxsize=256)
-def _run_files(root: Path, run: Path, name: str,
-               stamps: tuple[Stamp | None, Stamp | None]) -> RunFiles:
+def _run_files(root: Path, run: Path, name: str) -> RunFiles:
     try:
         config = RunConfig.parse(read_file(root, run / CONFIG, MAX_CONFIG_BYTES) or b"")
     except InvalidRequestError as exc:  # RunFileError included
@@ -246,11 +247,10 @@ def find_trace(root: Path, run: Path, task_id: str, name: str = "") -> Trace:
 
 def trace_index(root: Path, path: Path) -> TraceIndex:
     """The :class:`TraceIndex` of a traces file, built once per version of it."""
-    return _trace_index(root, path, stamp(root, path))
+    return TRACE_INDEXES.get((root, path), stamp(root, path), lambda: _trace_index(root, path))
 
 
-@lru_cache(maxsize=64)
-def _trace_index(root: Path, path: Path, version: Stamp | None) -> TraceIndex:
+def _trace_index(root: Path, path: Path) -> TraceIndex:
     at: dict[str, tuple[int, int, int]] = {}
     notes: list[str] = []
     for number, offset, line in file_lines(root, path, MAX_TRACE_LINE_BYTES):

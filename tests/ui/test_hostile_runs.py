@@ -22,7 +22,7 @@ from fastapi.testclient import TestClient
 
 from refinery.engine.trace import Trace, TraceEvent
 from refinery.ui import UISettings, create_ui_app
-from refinery.ui.runs import _run_files, line_task_id
+from refinery.ui.runs import RUN_FILES, line_task_id
 from refinery.ui.traceview import MAX_EVENTS, call_tree, trace_view
 from tests.ui.conftest import RUN
 
@@ -225,15 +225,15 @@ def test_a_fifo_in_place_of_a_run_file_is_refused_at_once(ui, runs, name):
 
 def test_a_run_is_read_again_only_when_its_files_change(ui, runs):
     ui.get(f"/ui/run?path={BAD}")
-    before = _run_files.cache_info()
+    hits, misses = RUN_FILES.hits, RUN_FILES.misses
     ui.get(f"/ui/run?path={BAD}")
-    assert _run_files.cache_info().hits > before.hits
-    assert _run_files.cache_info().misses == before.misses
+    assert RUN_FILES.hits > hits and RUN_FILES.misses == misses
     path = runs / BAD / "results.jsonl"
     row = json.loads(path.read_text().splitlines()[0])
     with open(path, "a") as f:
         f.write(json.dumps({**row, "id": "p-new", "index": 9}) + "\n")
     assert "p-new" in ui.get(f"/ui/run?path={BAD}").text
+    assert RUN_FILES.misses == misses + 1  # read again once, the new version replacing the old
 
 
 # -- large, deep and cyclic traces ----------------------------------------------------
