@@ -86,7 +86,9 @@ def test_a_run_config_that_is_a_fifo_is_refused_without_waiting(tmp_path):
     worker = threading.Thread(target=prepare, daemon=True)
     worker.start()
     worker.join(timeout=10)
-    if worker.is_alive():
+    waited = worker.is_alive()
+    if waited:  # unblock the stuck open() so the suite goes on, then fail
         os.close(os.open(out / CONFIG, os.O_WRONLY | os.O_NONBLOCK))
         worker.join(timeout=5)
+    assert not waited, "reading the FIFO config waited for a writer"
     assert len(got) == 1 and "unreadable" in str(got[0])
