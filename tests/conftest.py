@@ -73,7 +73,11 @@ def vllm_server(model_path, tmp_path_factory):
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
              "--served-model-name", DEFAULT_MODEL, "--host", "127.0.0.1", "--port", str(port),
-             "--enforce-eager", "--max-model-len", "2048", "--disable-log-stats"],
+             "--enforce-eager", "--max-model-len", "2048", "--disable-log-stats",
+             # as the in-process engine runs: JSON without free whitespace, which a
+             # sampled 135M model otherwise fills until max_tokens
+             "--structured-outputs-config",
+             '{"backend": "xgrammar", "disable_any_whitespace": true}'],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
