@@ -213,13 +213,16 @@ class Context:
     async def generate(self, messages: Sequence[Message], params: SamplingParams | None = None,
                        *, n: int | None = None, step: StepKind = "draft", strategy: str = "",
                        parents: Sequence[str] = (), final: bool = False,
-                       stop_rule: StopRule | None = None) -> Generation:
+                       stop_rule: StopRule | None = None,
+                       continue_final: bool = False) -> Generation:
         """Sample ``n`` completions of ``messages`` (traced, budgeted, loop-watched).
 
         ``final=True`` marks the user-visible answer: with a live sink and n=1 the
         text is streamed to the client token by token as it is generated.
         ``stop_rule`` (default: this context's ``stop_rule``) watches every sample
         beside the loop detector and may end it early (engine/stops.py).
+        ``continue_final=True`` continues the last message, a partial assistant
+        turn (engine/backends/base.py); a loop in such a sample is cut, not retried.
 
         Raises:
             BudgetExhausted: the call does not fit the remaining budget.
@@ -230,13 +233,16 @@ class Context:
         rule = stop_rule if stop_rule is not None else self.stop_rule
         t0 = time.monotonic()
         streamed = final and self.final_sink is not None and n == 1
+        # Only a continuation passes the keyword: a Backend written before it keeps
+        # working for every other call.
+        cont = {"continue_final": True} if continue_final else {}
         comps = None
         try:
             if streamed:
-                comps = [await self._timed(self._stream_final(messages, params, rule))]
+                comps = [await self._timed(self._stream_final(messages, params, rule, cont))]
             else:
                 comps = await self._timed(self.backend.generate(
-                    messages, params, n=n, monitor=self._monitor(params, rule)))
+                    messages, params, n=n, monitor=self._monitor(params, rule), **cont))
         finally:
             # Also on an error or a cancellation (the deadline, a client gone):
             # a reservation left behind would shrink the budget for good.
@@ -246,19 +252,21 @@ class Context:
             kind="generation", step=step, strategy=strategy, parents=list(parents),
             seconds=time.monotonic() - t0, messages=list(messages),
             params=params.model_dump(exclude_defaults=True), completions=comps, usage=used,
-            data={"final": True} if streamed else {}))
+            data={**({"final": True} if streamed else {}),
+                  **({"continue_final": True} if continue_final else {})}))
         # A streamed final answer is already on the client's screen: a retry
         # would contradict it, so there the loop is only truncated.
-        if (self.loop_policy == "retry" and not streamed
+        if (self.loop_policy == "retry" and not streamed and not continue_final
                 and any(c.finish_reason == "loop" for c in comps)):
             gen = await self._retry_loops(messages, params, gen, strategy, rule)
         return gen
 
     async def _stream_final(self, messages: Sequence[Message], params: SamplingParams,
-                            rule: StopRule | None) -> Completion:
+                            rule: StopRule | None, cont: dict) -> Completion:
         assert self.final_sink is not None
         last = None
-        stream = self.backend.stream(messages, params, monitor=self._monitor(params, rule))
+        stream = self.backend.stream(messages, params, monitor=self._monitor(params, rule),
+                                     **cont)
         try:
             async for delta in stream:
                 if delta.text or delta.logprobs:

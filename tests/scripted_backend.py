@@ -33,6 +33,11 @@ chosen per-token logprobs: ``tops(text, i)`` returns, for each word of sample
 ``i``'s reply, its candidates' log-probabilities, most likely first (the first
 is the word's own); words past the list keep the default ones.
 
+Continuation: ``continue_final=True`` is checked as the real backends check it
+(the last message must be the assistant's; ``continues_messages=False`` makes
+the double an upstream that cannot) and recorded in ``Call.continue_final``;
+the reply is the continuation alone.
+
 Prefix cache: ``cached_tokens`` (None by default: not reported) is what every
 completion reports as its prompt's cached tokens, as vLLM's
 ``num_cached_tokens``.
@@ -49,6 +54,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
+from refinery.engine.backends.base import check_continuable, require_continuation
 from refinery.engine.constraints import ALL_KINDS, require_support
 from refinery.engine.stops import (
     Piece,
@@ -76,6 +82,7 @@ class Call:
     messages: list[Message]
     params: SamplingParams
     n: int
+    continue_final: bool = False
 
 
 @dataclass
@@ -91,6 +98,7 @@ class ScriptedBackend:
     dead: bool = False
     closed: bool = False
     structured_outputs: frozenset[str] = ALL_KINDS
+    continues_messages: bool = True
     cached_tokens: int | None = None
     watch: bool = False
     tops: Tops | None = None
@@ -172,9 +180,16 @@ class ScriptedBackend:
     def _rule(self, monitor) -> StopRule | None:
         return as_rule(monitor) if self.watch else None
 
-    async def generate(self, messages, params, *, n=None, monitor=None) -> list[Completion]:
+    def _record(self, messages, params, n, continue_final) -> None:
+        if continue_final:
+            require_continuation(self, "scripted")
+            check_continuable(messages)
+        self.calls.append(Call(list(messages), params, n, continue_final))
+
+    async def generate(self, messages, params, *, n=None, monitor=None,
+                       continue_final=False) -> list[Completion]:
         n = params.n if n is None else n
-        self.calls.append(Call(list(messages), params, n))
+        self._record(messages, params, n, continue_final)
         if self._slow:
             index = len(self.calls) - 1
             await self._wait(index)
@@ -189,8 +204,9 @@ class ScriptedBackend:
             out.append(last.completion)
         return out
 
-    async def stream(self, messages, params, *, monitor=None) -> AsyncIterator[Delta]:
-        self.calls.append(Call(list(messages), params, 1))
+    async def stream(self, messages, params, *, monitor=None,
+                     continue_final=False) -> AsyncIterator[Delta]:
+        self._record(messages, params, 1, continue_final)
         index = len(self.calls) - 1
         if self._slow:
             await self._wait(index)

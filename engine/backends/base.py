@@ -3,6 +3,11 @@
 A backend is async and batches by concurrency: many coroutines call
 ``generate`` at once and the engine (vLLM's continuous batching, or an
 upstream server) batches them. Cancelling the calling task aborts the request.
+
+``continue_final=True`` continues the last message, a partial assistant turn,
+instead of starting a new one (vLLM's ``continue_final_message``): the sample
+is only the continuation. Code execution inside the reasoning and step-level
+search both write part of an answer and let the model go on from there.
 """
 
 from __future__ import annotations
@@ -10,6 +15,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
+from refinery.engine.errors import InvalidRequestError
 from refinery.engine.stops import Watcher
 from refinery.engine.types import Completion, Delta, Message, SamplingParams
 
@@ -36,6 +42,9 @@ class Backend(Protocol):
     # Constraint kinds (engine/constraints.py) this backend enforces; a call with any
     # other kind raises UnsupportedConstraintError instead of answering in free text.
     structured_outputs: frozenset[str]
+    # Whether ``continue_final=True`` works; a call that needs it on a backend
+    # without raises ContinuationUnsupportedError (see ``require_continuation``).
+    continues_messages: bool
 
     @property
     def healthy(self) -> bool:
@@ -58,12 +67,14 @@ class Backend(Protocol):
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
                        n: int | None = None,
-                       monitor: Watcher | None = None) -> list[Completion]:
+                       monitor: Watcher | None = None,
+                       continue_final: bool = False) -> list[Completion]:
         """``n`` samples (default ``params.n``) of one prompt, in order."""
         ...
 
     def stream(self, messages: Sequence[Message], params: SamplingParams, *,
-               monitor: Watcher | None = None) -> AsyncIterator[Delta]:
+               monitor: Watcher | None = None,
+               continue_final: bool = False) -> AsyncIterator[Delta]:
         """One sample, streamed; the last Delta carries the whole Completion."""
         ...
 
@@ -72,3 +83,28 @@ class Backend(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+class ContinuationUnsupportedError(InvalidRequestError):
+    """The backend cannot continue a partial assistant message (an OpenAI-style
+    upstream that is not a vLLM server has no such request field)."""
+
+    def __init__(self, backend: str):
+        super().__init__(
+            f"{backend} cannot continue a partial assistant message, which this "
+            "strategy needs; use the in-process vLLM backend or a vLLM server "
+            "upstream (--backend vllm-server)", code="continuation_unsupported")
+
+
+def require_continuation(backend: object, name: str = "") -> None:
+    """Raise ``ContinuationUnsupportedError`` unless ``backend`` can continue a
+    partial assistant message; a backend that does not say cannot."""
+    if not getattr(backend, "continues_messages", False):
+        raise ContinuationUnsupportedError(name or type(backend).__name__)
+
+
+def check_continuable(messages: Sequence[Message]) -> None:
+    """A continuation needs a last message that is the assistant's."""
+    if not messages or messages[-1].role != "assistant":
+        raise InvalidRequestError("continue_final needs the last message to be the "
+                                  "assistant's partial turn", param="messages")

@@ -66,6 +66,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
+from refinery.engine.backends.base import check_continuable, require_continuation
 from refinery.engine.backends.upstream_guard import (
     BUDGET_SPENT,
     TRANSPORT_ERRORS,
@@ -171,6 +172,9 @@ class OpenAIBackend:
         self._health_checked = -1e9
         self.upstream = cfg.upstream
         self.structured_outputs = ALL_KINDS if cfg.upstream == "vllm" else JSON_KINDS
+        # vLLM's server continues a partial assistant turn on request; OpenAI's API
+        # has no such field (a trailing assistant message there is only history).
+        self.continues_messages = cfg.upstream == "vllm"
 
     # -- health -------------------------------------------------------------------------
 
@@ -225,7 +229,13 @@ class OpenAIBackend:
         # pre-flight checks; the server's usage numbers are the real counts.
         return sum(len(m.content) // 4 + 4 for m in messages)
 
-    def _kwargs(self, messages: Sequence[Message], params: SamplingParams, n: int) -> dict:
+    def _kwargs(self, messages: Sequence[Message], params: SamplingParams, n: int,
+                continue_final: bool = False) -> dict:
+        extra: dict[str, Any] = {}
+        if continue_final:
+            require_continuation(self, f"OpenAI-compatible ({self.upstream})")
+            check_continuable(messages)
+            extra.update(continue_final_message=True, add_generation_prompt=False)
         kw: dict[str, Any] = dict(
             model=self.served_model,
             messages=[{"role": m.role, "content": m.content} for m in messages],
@@ -241,19 +251,15 @@ class OpenAIBackend:
         if params.constraint is not None:
             require_support(params.constraint, self.structured_outputs,
                             f"OpenAI-compatible ({self.upstream})")
-            kw.update(self._constrained(params.constraint))
+            if self.upstream == "vllm":
+                extra["structured_outputs"] = _structured_field(params.constraint)
+            else:
+                kw["response_format"] = _response_format(params.constraint)
+        if extra:
+            kw["extra_body"] = extra
         return kw
 
-    def _constrained(self, c: Constraint) -> dict[str, Any]:
-        """The request fields that carry ``c`` to this upstream."""
-        if self.upstream == "vllm":
-            field = {"json": c.json_schema, "json_object": True, "regex": c.regex,
-                     "choice": list(c.choice or ()), "grammar": c.grammar}
-            return {"extra_body": {"structured_outputs": {c.kind: field[c.kind]}}}
-        if c.json_object:
-            return {"response_format": {"type": "json_object"}}
-        return {"response_format": {"type": "json_schema", "json_schema": {
-            "name": c.name, "schema": c.json_schema, "strict": True}}}
+
 
     def _wait(self, state) -> float:
         """Jittered exponential backoff, but never shorter than ``Retry-After``."""
@@ -321,8 +327,8 @@ class OpenAIBackend:
             await asyncio.sleep(pause)
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
-                       n: int | None = None,
-                       monitor: Watcher | None = None) -> list[Completion]:
+                       n: int | None = None, monitor: Watcher | None = None,
+                       continue_final: bool = False) -> list[Completion]:
         n = params.n if n is None else n
         if n < 1:
             raise InvalidRequestError(f"n must be >= 1, got {n}", param="n")
@@ -331,8 +337,10 @@ class OpenAIBackend:
                                                  self.config.whole_check_max_tokens):
             # A sample a stop rule ends must be stopped alone, so each one is streamed.
             return list(await asyncio.gather(
-                *(self._one_streamed(messages, params, rule) for _ in range(n))))
-        kw = self._kwargs(messages, params, n)  # an unsupported constraint fails here
+                *(self._one_streamed(messages, params, rule, continue_final)
+                  for _ in range(n))))
+        # an unsupported constraint or continuation fails here, before any request
+        kw = self._kwargs(messages, params, n, continue_final)
         resp = await self._call(lambda c: c.chat.completions.create(**kw), params.affinity)
         usage, choices = resp.usage, sorted(resp.choices, key=lambda c: c.index)
         counts = split_tokens(usage.completion_tokens if usage else 0, choices,
@@ -356,21 +364,23 @@ class OpenAIBackend:
             loop_onset=watch.onset, measures=watch.measures(), token_logprobs=tokens,
             logprob=sum(t.logprob for t in tokens) if tokens else None)
 
-    async def _one_streamed(self, messages, params, monitor) -> Completion:
+    async def _one_streamed(self, messages, params, monitor, continue_final) -> Completion:
         last = None
-        async for d in self.stream(messages, params, monitor=monitor):
+        async for d in self.stream(messages, params, monitor=monitor,
+                                   continue_final=continue_final):
             last = d
         assert last is not None and last.completion is not None
         return last.completion
 
     def stream(self, messages: Sequence[Message], params: SamplingParams, *,
-               monitor: Watcher | None = None) -> AsyncIterator[Delta]:
-        return self._stream(messages, params, as_rule(monitor))
+               monitor: Watcher | None = None,
+               continue_final: bool = False) -> AsyncIterator[Delta]:
+        return self._stream(messages, params, as_rule(monitor), continue_final)
 
     async def _stream(self, messages: Sequence[Message], params: SamplingParams,
-                      rule: StopRule | None) -> AsyncIterator[Delta]:
+                      rule: StopRule | None, continue_final: bool) -> AsyncIterator[Delta]:
         wire = wire_params(params, rule)  # with the top-k logprobs the rule needs
-        kw = self._kwargs(messages, wire, 1)
+        kw = self._kwargs(messages, wire, 1, continue_final)
         kw.update(stream=True, stream_options={"include_usage": True})
         # Retries cover opening the stream; a failure mid-stream is raised, since
         # replaying would duplicate text the caller has already seen.
@@ -402,6 +412,21 @@ class OpenAIBackend:
     async def aclose(self) -> None:
         for c in self.clients:
             await c.close()
+
+
+def _structured_field(c: Constraint) -> dict[str, Any]:
+    """vLLM's ``structured_outputs`` request field for ``c``."""
+    field = {"json": c.json_schema, "json_object": True, "regex": c.regex,
+             "choice": list(c.choice or ()), "grammar": c.grammar}
+    return {c.kind: field[c.kind]}
+
+
+def _response_format(c: Constraint) -> dict[str, Any]:
+    """OpenAI's ``response_format`` for a JSON constraint ``c``."""
+    if c.json_object:
+        return {"type": "json_object"}
+    return {"type": "json_schema", "json_schema": {
+        "name": c.name, "schema": c.json_schema, "strict": True}}
 
 
 def split_tokens(total: int, choices: Sequence[Any], max_tokens: int) -> list[int]:

@@ -40,6 +40,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from refinery.engine.backends.base import check_continuable
 from refinery.engine.constraints import ALL_KINDS, Constraint
 from refinery.engine.errors import (
     BackendError,
@@ -151,6 +152,7 @@ class VLLMBackend:
     """
 
     structured_outputs = ALL_KINDS
+    continues_messages = True
 
     def __init__(self, engine: Any, tokenizer: Any, model: str, max_model_len: int,
                  is_cpu: bool, dtype: DtypeChoice | None = None,
@@ -210,12 +212,16 @@ class VLLMBackend:
 
     # -- prompt handling --------------------------------------------------------------
 
-    def prompt_ids(self, messages: Sequence[Message]) -> list[int]:
+    def prompt_ids(self, messages: Sequence[Message],
+                   continue_final: bool = False) -> list[int]:
         if not messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
+        turn = {"add_generation_prompt": True}
+        if continue_final:
+            check_continuable(messages)
+            turn = {"add_generation_prompt": False, "continue_final_message": True}
         chat = [{"role": m.role, "content": m.content} for m in messages]
-        text = self.tokenizer.apply_chat_template(chat, tokenize=False,
-                                                  add_generation_prompt=True)
+        text = self.tokenizer.apply_chat_template(chat, tokenize=False, **turn)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def count_tokens(self, messages: Sequence[Message]) -> int:
@@ -258,12 +264,12 @@ class VLLMBackend:
     # -- generation ---------------------------------------------------------------------
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
-                       n: int | None = None,
-                       monitor: Watcher | None = None) -> list[Completion]:
+                       n: int | None = None, monitor: Watcher | None = None,
+                       continue_final: bool = False) -> list[Completion]:
         n = params.n if n is None else n
         if n < 1:
             raise InvalidRequestError(f"n must be >= 1, got {n}", param="n")
-        ids = self.prompt_ids(messages)
+        ids = self.prompt_ids(messages, continue_final)
         rule = as_rule(monitor)
         if rule is not None and not check_whole(rule, params, n, self.whole_check_max_tokens):
             # A sample a stop rule ends must be stopped alone, so each is its own request.
@@ -304,8 +310,10 @@ class VLLMBackend:
         return last.completion
 
     def stream(self, messages: Sequence[Message], params: SamplingParams, *,
-               monitor: Watcher | None = None) -> AsyncIterator[Delta]:
-        return self._stream_ids(self.prompt_ids(messages), params, as_rule(monitor))
+               monitor: Watcher | None = None,
+               continue_final: bool = False) -> AsyncIterator[Delta]:
+        return self._stream_ids(self.prompt_ids(messages, continue_final), params,
+                                as_rule(monitor))
 
     async def _stream_ids(self, ids: list[int], params: SamplingParams,
                           rule: StopRule | None) -> AsyncIterator[Delta]:
