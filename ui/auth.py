@@ -1,13 +1,13 @@
 """The page's side of the API keys: a login form that opens a session.
 
 A browser cannot send ``Authorization: Bearer`` on a page load, so the login
-form POSTs a key, which is checked (constant time, failures throttled per
-client) and answered with a session cookie: a random token mapped to the key's
-identity (``serving.dependencies.Sessions``), never the key, HttpOnly,
-SameSite=Strict, expiring, ended by logout. Pages accept it on navigation; the
-page's JSON API and ``/v1`` only on the page's own same-origin requests. A key
-in the address (``/ui/login?key=``) is never used: addresses end up in logs
-and history. Without keys configured everything is open, as the API is.
+form POSTs a key, which is checked (constant time; wrong keys throttled per
+client, a right key never refused) and answered with a session cookie: a random
+token mapped to the key's identity (``serving.dependencies.Sessions``), never the
+key, HttpOnly, SameSite=Strict, expiring, ended by logout. Pages accept it on
+navigation; the page's JSON API and ``/v1`` only on the page's own same-origin
+requests. A key in the address (``/ui/login?key=``) is never used: addresses end
+up in logs and history. Without keys configured everything is open, as the API is.
 
 Example:
     >>> response = login_response(settings, request, "KEY", next_url="/ui/runs")
@@ -50,7 +50,12 @@ class TooManyLoginsError(OverCapacityError):
 
 
 class LoginThrottle:
-    """At most ``failures`` wrong keys per client address in any ``window`` seconds."""
+    """At most ``failures`` wrong keys per client address in any ``window`` seconds.
+
+    It counts and refuses wrong keys only (``login_response`` checks the key first):
+    a client address is shared (every local program is 127.0.0.1), so holding back a
+    right key would let any of them lock the user out.
+    """
 
     def __init__(self, failures: int = LOGIN_FAILURES, window: float = LOGIN_WINDOW_SECONDS,
                  clock: Callable[[], float] = time.monotonic, max_clients: int = 4096):
@@ -135,16 +140,22 @@ def login_response(settings: UISettings, request: Request, key: str,
                    next_url: str | None) -> RedirectResponse:
     """A redirect to ``next_url`` that opens a session and sets its cookie.
 
+    The key is checked first (constant time): a right key always opens a session,
+    however many wrong ones came from the same address.
+
     Raises:
-        TooManyLoginsError: this client sent too many wrong keys lately.
+        TooManyLoginsError: ``key`` is wrong, and this client sent too many wrong keys
+            lately.
         AuthenticationError: ``key`` is not one of the server's keys.
     """
     response = RedirectResponse(safe_next(next_url), status_code=303)
     if not settings.api_keys:
         return response
-    throttle, client = login_throttle(request), client_of(request)
-    throttle.check(client)
     if not key_accepted(key, settings.api_keys):
+        # Only a wrong key meets the throttle: on loopback every local program shares
+        # the user's address, and one flooding wrong keys must not lock the user out.
+        throttle, client = login_throttle(request), client_of(request)
+        throttle.check(client)
         throttle.failed(client)
         raise AuthenticationError("wrong API key", code="invalid_api_key")
     store = sessions_of(request.app)

@@ -127,11 +127,24 @@ def test_a_session_of_a_key_the_server_no_longer_has_opens_nothing(recorded_runs
 
 
 def test_wrong_keys_are_throttled_per_client_with_retry_after(locked) -> None:
-    for _ in range(5):
-        assert locked.post("/ui/login", data={"key": "guess"}).status_code == 401
-    r = locked.post("/ui/login", data={"key": KEY}, follow_redirects=False)
+    statuses = [locked.post("/ui/login", data={"key": f"guess{i}"}).status_code
+                for i in range(20)]
+    assert statuses == [401] * 5 + [429] * 15
+    r = locked.post("/ui/login", data={"key": "guess"}, follow_redirects=False)
     assert r.status_code == 429 and "too many wrong keys" in r.text
     assert int(r.headers["retry-after"]) >= 1 and "set-cookie" not in r.headers
+
+
+def test_the_right_key_logs_in_right_after_a_flood_of_wrong_ones(locked) -> None:
+    # The flood and the user share one address, as every local program does on loopback.
+    for _ in range(50):
+        locked.post("/ui/login", data={"key": "guess"})
+    assert locked.post("/ui/login", data={"key": "guess"}).status_code == 429
+    r = locked.post("/ui/login", data={"key": KEY}, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/ui"
+    assert locked.cookies.get(COOKIE) and locked.get("/ui/runs").status_code == 200
+    # ...and wrong keys are still refused after it: a login does not reset the count.
+    assert locked.post("/ui/login", data={"key": "guess"}).status_code == 429
 
 
 def test_the_throttle_forgets_failures_older_than_its_window() -> None:
