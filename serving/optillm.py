@@ -44,6 +44,9 @@ APPROACHES = MappingProxyType({
     # OptiLLM's defaults (16 warm-up traces of up to 128, 2048-token windows) are sized
     # for long reasoning traces; refinery's deepconf defaults are sized like its sc.
     "deepconf": "deepconf",
+    # OptiLLM's plugin runs the code blocks of a reply; tir runs them inside the
+    # reasoning and lets the model read their output before it answers.
+    "executecode": "tir",
 })
 
 # OptiLLM approaches and plugins refinery does not implement -> its closest strategies.
@@ -64,7 +67,6 @@ UNSUPPORTED = MappingProxyType({
     "coc": "cot",
     "spl": "sage(cot)",
     "longcepo": "ssr_plan",
-    "executecode": "cot",
     "json": "cot with response_format",
     "router": "a preset (GET /v1/models)",
     "memory": "",

@@ -30,6 +30,7 @@ from refinery.strategies.self_debug import SelfDebug
 from refinery.strategies.ssr import SSR
 from refinery.strategies.ssr_ada import SSRAda
 from refinery.strategies.ssr_plan import SSRPlan
+from refinery.strategies.tir import ToolIntegratedReasoning
 
 __all__ = [
     "DEI",
@@ -55,6 +56,7 @@ __all__ = [
     "Strategy",
     "StrategyParams",
     "StructuredParams",
+    "ToolIntegratedReasoning",
     "build",
     "build_with_graph",
     "describe",

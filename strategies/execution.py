@@ -27,11 +27,13 @@ from refinery.engine.constraints import Constraint
 from refinery.verifiers.code import extract_code
 from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig
 
-__all__ = ["Execution", "execute", "execution_sandbox", "program_constraint", "read_program"]
+__all__ = ["Execution", "execute", "execute_block", "execution_sandbox", "program_constraint",
+           "read_program"]
 
 # What a repair turn and a trace show of a failure: enough of a traceback to name
 # the error and its line, not a page of it.
 ERROR_CHARS = 600
+OUTPUT_CHARS = 600
 _NUMBER = re.compile(r"^-?\d+(?:\.\d+)?(?:e-?\d+)?$", re.IGNORECASE)
 _CALLS_SOLUTION = re.compile(r"^\s*print\s*\(\s*solution\s*\(\s*\)\s*\)", re.MULTILINE)
 
@@ -70,6 +72,7 @@ class Execution:
     answer: str | None
     error: str | None
     seconds: float
+    stdout: str = ""  # what it printed, its last OUTPUT_CHARS (tir shows it to the model)
 
     @property
     def ok(self) -> bool:
@@ -91,10 +94,13 @@ def judge(program: str, result: RunResult, *, numeric: bool) -> Execution:
     elif not result.passed:
         error = (result.stderr.strip() or result.reason)[-ERROR_CHARS:]
     elif answer is None or answer == "None":
-        error = "the program printed nothing (return the answer from solution())"
+        error = "the program printed nothing" + (
+            " (return the answer from solution())" if "def solution" in program
+            else " (print the value you need)")
     elif numeric and not _NUMBER.match(answer.replace(",", "")):
         error = f"the program printed {answer[:80]!r}, not a number"
-    return Execution(program, answer if error is None else None, error, result.duration)
+    return Execution(program, answer if error is None else None, error, result.duration,
+                     result.stdout.strip()[-OUTPUT_CHARS:])
 
 
 def normalize_number(text: str) -> str:
@@ -114,3 +120,10 @@ async def execute(reply: str, *, numeric: bool = True,
     program = read_program(reply)
     result = await (sandbox or execution_sandbox()).run_python(program)
     return judge(program, result, numeric=numeric)
+
+
+async def execute_block(code: str, *, sandbox: Sandbox | None = None) -> Execution:
+    """Run ``code`` as written (a block inside the reasoning: nothing is added) and
+    judge it; any printed value counts, a number or not."""
+    result = await (sandbox or execution_sandbox()).run_python(code)
+    return judge(code, result, numeric=False)

@@ -40,6 +40,7 @@ from refinery.strategies.self_debug import SelfDebug
 from refinery.strategies.ssr import SSR
 from refinery.strategies.ssr_ada import SSRAda
 from refinery.strategies.ssr_plan import SSRPlan
+from refinery.strategies.tir import ToolIntegratedReasoning
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(DeepConf),
     Entry(ProgramOfThought, ("program_of_thought", "pal")),
     Entry(SelfDebug, ("self_debugging",)),
+    Entry(ToolIntegratedReasoning, ("tool_integrated_reasoning",)),
 )
 
 # Read-only: name or alias -> entry.
