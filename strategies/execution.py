@@ -24,11 +24,13 @@ import re
 from dataclasses import dataclass
 
 from refinery.engine.constraints import Constraint
+from refinery.engine.types import Message, Task
+from refinery.strategies.base import with_question
 from refinery.verifiers.code import extract_code
 from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig
 
 __all__ = ["Execution", "execute", "execute_block", "execution_sandbox", "program_constraint",
-           "read_program"]
+           "read_program", "with_example"]
 
 # What a repair turn and a trace show of a failure: enough of a traceback to name
 # the error and its line, not a page of it.
@@ -53,6 +55,17 @@ def program_constraint(max_lines: int = 8, line_chars: int = 100) -> Constraint:
     """
     line = rf"    [^\n]{{1,{line_chars}}}\n"
     return Constraint.from_regex(rf"```python\ndef solution\(\):\n(?:{line}){{1,{max_lines}}}```")
+
+
+def with_example(task: Task, question: str, reply: str, instruction: str) -> list[Message]:
+    """The task's conversation after one worked exchange (PAL's few-shot form, as chat
+    turns), the instruction appended to both questions. Shown after the question
+    instead, a 135M model copies the example's program verbatim."""
+    example = [Message(role="user", content=f"{question}\n\n{instruction}"),
+               Message(role="assistant", content=reply)]
+    system = [m for m in task.messages[:1] if m.role == "system"]
+    rest = task.messages[len(system):]
+    return [*system, *example, *with_question(rest, instruction)]
 
 
 def read_program(reply: str) -> str:

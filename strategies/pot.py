@@ -12,14 +12,12 @@ from refinery.engine.errors import BudgetExhausted
 from refinery.engine.graph import ChildCost
 from refinery.engine.trace import StepKind
 from refinery.engine.types import Attempt, Completion, Message, SamplingParams, Task
-from refinery.strategies.base import Strategy, StructuredParams, step_params, with_question
-from refinery.strategies.execution import Execution, execute, program_constraint
+from refinery.strategies.base import Strategy, StructuredParams, step_params
+from refinery.strategies.execution import Execution, execute, program_constraint, with_example
 
 INSTRUCTION = ("Do not solve it in words. Write a Python function solution() that computes "
                "the answer and returns it, as one ```python block.")
 
-# One worked exchange before the question (PAL's few-shot form, as chat turns): shown
-# after the question instead, a 135M model copies the example's program verbatim.
 EXAMPLE_QUESTION = "A shop has 5 boxes of 12 pencils and sells 17 pencils. How many are left?"
 EXAMPLE_PROGRAM = """```python
 def solution():
@@ -71,11 +69,7 @@ class ProgramOfThought(Strategy):
 
     def messages(self, task: Task) -> list[Message]:
         """The task's conversation, after one worked question and its program."""
-        example = [Message(role="user", content=f"{EXAMPLE_QUESTION}\n\n{self.params.instruction}"),
-                   Message(role="assistant", content=EXAMPLE_PROGRAM)]
-        system = [m for m in task.messages[:1] if m.role == "system"]
-        rest = task.messages[len(system):]
-        return [*system, *example, *with_question(rest, self.params.instruction)]
+        return with_example(task, EXAMPLE_QUESTION, EXAMPLE_PROGRAM, self.params.instruction)
 
     async def sample(self, task: Task, ctx: Context, n: int, *,
                      temperature: float | None = None, logprobs: bool = False,

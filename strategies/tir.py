@@ -13,16 +13,16 @@ from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Message, SamplingParams, Task
-from refinery.strategies.base import Strategy, StructuredParams, step_params, with_question
-from refinery.strategies.execution import Execution, execute_block
+from refinery.strategies.base import Strategy, StructuredParams, step_params
+from refinery.strategies.execution import Execution, execute_block, with_example
 from refinery.verifiers.math import extract_answer
 
 INSTRUCTION = ("Solve it with Python: write a ```python block that prints what you need; "
                "its output is shown to you in an ```output block. Then write the final "
                "answer as \\boxed{...}.")
 
-# One worked exchange before the question, as pot does: a 135M model copies a form
-# it has seen far better than it follows a description of one.
+# The worked exchange before the question: a 135M model copies a form it has seen
+# far better than it follows a description of one.
 EXAMPLE_QUESTION = "A shop has 5 boxes of 12 pencils and sells 17 pencils. How many are left?"
 EXAMPLE_REPLY = ("The shop has 5 * 12 pencils and sells 17 of them.\n```python\n"
                  "print(5 * 12 - 17)\n```\n```output\n43\n```\nThe answer is \\boxed{43}.")
@@ -91,11 +91,7 @@ class ToolIntegratedReasoning(Strategy):
 
     def messages(self, task: Task) -> list[Message]:
         """The task's conversation, after one worked question and its reply."""
-        example = [Message(role="user", content=f"{EXAMPLE_QUESTION}\n\n{self.params.instruction}"),
-                   Message(role="assistant", content=EXAMPLE_REPLY)]
-        system = [m for m in task.messages[:1] if m.role == "system"]
-        rest = task.messages[len(system):]
-        return [*system, *example, *with_question(rest, self.params.instruction)]
+        return with_example(task, EXAMPLE_QUESTION, EXAMPLE_REPLY, self.params.instruction)
 
     async def solve(self, task: Task, ctx: Context) -> Attempt:
         require_continuation(ctx.backend)
