@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from enum import Enum
+from typing import Annotated
 
 import typer
 
@@ -199,6 +200,22 @@ class EngineDeathPolicy(str, Enum):
 
 ENGINE_DIED_EXIT_CODE = 3
 
+AllowedHostsOption = Annotated[list[str] | None, typer.Option(
+    "--allowed-hosts", metavar="HOSTS",
+    help="names the Host header of a request to a loopback address may carry besides "
+    "localhost, *.localhost, 127.0.0.1 and ::1, e.g. a reverse proxy's; any other name "
+    "gets 400 untrusted_host (a web page whose DNS name was rebound to 127.0.0.1). "
+    "Comma-separated or repeated; '*' accepts any. Default: REFINERY_ALLOWED_HOSTS")]
+
+
+def allowed_hosts(values: list[str] | None) -> frozenset[str]:
+    """``--allowed-hosts`` as ``ServerConfig.allowed_hosts``: every value split at commas,
+    so both ``a,b`` and a repeated flag work as vLLM and uvicorn users write them; not
+    given, ``REFINERY_ALLOWED_HOSTS``."""
+    from refinery.serving.config import load_allowed_hosts
+
+    return load_allowed_hosts(",".join(values) if values else None)
+
 
 @app.command()
 def serve(
@@ -231,6 +248,7 @@ def serve(
         "about 13 s (bench/compile_mode.py)"),
     dtype: DtypeOption = "auto",
     runs: str = typer.Option(None, help="eval runs directory the web page (/ui) lists"),
+    hosts: AllowedHostsOption = None,
 ) -> None:
     """Serve an OpenAI-compatible API with strategies selectable per request, and its
     web page at /ui (playground, eval runs, trace explorer; same API keys)."""
@@ -246,7 +264,8 @@ def serve(
                           max_concurrent_requests=max_concurrent_requests,
                           on_engine_death=on_engine_death.value,
                           max_engine_restarts=max_engine_restarts,
-                          graceful_timeout=graceful_timeout)
+                          graceful_timeout=graceful_timeout,
+                          allowed_hosts=allowed_hosts(hosts))
     spec = BackendSpec(model, backend, tuple(base_url or ()), api_key=upstream_api_key,
                        dtype=dtype, compile_graph=compile_graph)
     app_ = mount_ui(create_app(config, backend_factory=lambda: make_backend(spec)), runs=runs)
@@ -277,6 +296,7 @@ def ui(
     host: HostOption = "127.0.0.1",
     port: int = typer.Option(8001),
     api_key_file: ApiKeyFileOption = None,
+    hosts: AllowedHostsOption = None,
 ) -> None:
     """Serve the web page over eval runs and their traces, without a model (no engine)."""
     from pathlib import Path
@@ -293,8 +313,8 @@ def ui(
     if host not in ("127.0.0.1", "localhost", "::1") and not keys:
         typer.secho(f"warning: serving on {host} without API keys", fg="yellow", err=True)
     typer.secho(f"refinery ui: http://{host}:{port}/ui/runs", fg="cyan", err=True)
-    uvicorn.run(create_ui_app(UISettings(api_keys=keys, runs=Path(runs))), host=host,
-                port=port, log_level="warning")
+    settings = UISettings(api_keys=keys, runs=Path(runs), allowed_hosts=allowed_hosts(hosts))
+    uvicorn.run(create_ui_app(settings), host=host, port=port, log_level="warning")
 
 
 def _mount_subcommands() -> None:

@@ -47,8 +47,9 @@ class ServerConfig:
     ``allowed_hosts`` are the ``Host`` names a request that arrived on a loopback
     address may carry besides ``localhost``, ``*.localhost``, ``127.0.0.1`` and
     ``::1`` (a name a web page's DNS points at 127.0.0.1 is refused: DNS
-    rebinding); ``*`` accepts any. By default ``REFINERY_ALLOWED_HOSTS``
-    (comma-separated), for a reverse proxy on the same machine.
+    rebinding); ``*`` accepts any. Set by ``--allowed-hosts`` of ``refinery serve``
+    and ``refinery ui``; by default ``REFINERY_ALLOWED_HOSTS`` (comma-separated), for
+    a reverse proxy on the same machine.
     """
 
     model: str = DEFAULT_MODEL

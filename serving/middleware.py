@@ -136,7 +136,8 @@ def check_host(scope: Scope, allowed: frozenset[str]) -> None:
     if name in LOOPBACK_NAMES or name.endswith(".localhost") or name in allowed:
         return
     raise UntrustedHostError(f"Host {name!r} is not a name of this server (it listens on a "
-                             "loopback address); add it to REFINERY_ALLOWED_HOSTS if it is",
+                             "loopback address); add it with --allowed-hosts (or "
+                             "REFINERY_ALLOWED_HOSTS) if it is",
                              code="untrusted_host")
 
 

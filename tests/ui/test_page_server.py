@@ -28,7 +28,7 @@ from refinery.ui.pages import CSP
 from refinery.ui.traceview import MAX_EVENTS
 from tests.conftest import free_port
 from tests.e2e.conftest import start_server
-from tests.ui.conftest import RUN
+from tests.ui.conftest import RUN, on_loopback
 
 KEY = "sk-page-server-key"
 FRAMING = {"x-frame-options": "DENY", "x-content-type-options": "nosniff",
@@ -120,28 +120,17 @@ async def test_keys_never_reach_the_access_log(recorded_runs):
             lines.append(record.getMessage())
 
     app = create_ui_app(UISettings(api_keys=frozenset({KEY}), runs=recorded_runs))
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="info"))
-    keep = Keep()
-    logging.getLogger("uvicorn.access").addHandler(keep)
-    task = asyncio.ensure_future(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.02)
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as h:
+    keep, access = Keep(), logging.getLogger("uvicorn.access")
+    async with on_loopback(app, log_level="info") as url, httpx.AsyncClient(base_url=url) as h:
+        access.addHandler(keep)  # only now: configuring uvicorn replaced the logger's handlers
+        try:
             r = await h.get(f"/ui/login?key={KEY}&next=/ui/runs")
             assert r.status_code == 400 and "set-cookie" not in r.headers
             await h.get(f"/ui/runs?api_key={KEY}")
             r = await h.post("/ui/login", data={"key": KEY})
             assert r.status_code == 303
-    finally:
-        server.should_exit = True
-        await task
-        logging.getLogger("uvicorn.access").removeHandler(keep)
+        finally:
+            access.removeHandler(keep)
     assert len(lines) >= 3, lines
     assert not [x for x in lines if KEY in x], lines
     assert "/ui/login?key=[redacted]&next=/ui/runs" in "\n".join(lines)
