@@ -23,7 +23,9 @@ OpenAI error body (``{"error": {"message", "type", "param", "code"}}``) with
     └── StorageError (also OSError)     500 storage_error      a result/trace line could not
                                               be written (disk full, read-only)
 
-Subclasses that belong to one layer live there: ``PartialAttempts`` and
+Subclasses that belong to one layer live there: ``UnsupportedConstraintError``
+(engine/constraints.py) and ``ContinuationUnsupportedError`` (engine/backends/base.py,
+a backend that cannot continue a partial assistant turn), ``PartialAttempts`` and
 ``PartialScores`` (BudgetExhausted carrying what a phase got, strategies/base.py),
 ``DatasetError``, ``ConfigMismatchError``, ``RunAborted`` and ``StrategyCrash``
 (eval), ``DistillError`` (distill). Callers decide by ``isinstance`` on these
