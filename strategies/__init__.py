@@ -14,13 +14,16 @@ from refinery.strategies.base import (
     StrategyParams,
     StructuredParams,
 )
+from refinery.strategies.beam import BeamSearch
 from refinery.strategies.best_of_n import BestOfN
 from refinery.strategies.cot import CoT
 from refinery.strategies.cot_reflection import CoTReflection
 from refinery.strategies.critique_refine import CritiqueRefine
 from refinery.strategies.deepconf import DeepConf
 from refinery.strategies.dei import DEI
+from refinery.strategies.dvts import DVTS
 from refinery.strategies.moa import MoA
+from refinery.strategies.particle import ParticleFilter
 from refinery.strategies.pot import ProgramOfThought
 from refinery.strategies.re2 import ReRead
 from refinery.strategies.registry import REGISTRY, Entry, build, build_with_graph, describe
@@ -34,9 +37,11 @@ from refinery.strategies.tir import ToolIntegratedReasoning
 
 __all__ = [
     "DEI",
+    "DVTS",
     "REGISTRY",
     "SAGE",
     "SSR",
+    "BeamSearch",
     "BestOfN",
     "CoT",
     "CoTReflection",
@@ -45,6 +50,7 @@ __all__ = [
     "Entry",
     "LoopStrategy",
     "MoA",
+    "ParticleFilter",
     "ProgramOfThought",
     "ReRead",
     "SSRAda",

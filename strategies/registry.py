@@ -25,13 +25,16 @@ from pydantic import BaseModel
 
 from refinery.engine.graph import DEFAULT_MAX_CALLS, ChildCost, build_strategy, type_name
 from refinery.strategies.base import Strategy
+from refinery.strategies.beam import BeamSearch
 from refinery.strategies.best_of_n import BestOfN
 from refinery.strategies.cot import CoT
 from refinery.strategies.cot_reflection import CoTReflection
 from refinery.strategies.critique_refine import CritiqueRefine
 from refinery.strategies.deepconf import DeepConf
 from refinery.strategies.dei import DEI
+from refinery.strategies.dvts import DVTS
 from refinery.strategies.moa import MoA
+from refinery.strategies.particle import ParticleFilter
 from refinery.strategies.pot import ProgramOfThought
 from refinery.strategies.re2 import ReRead
 from refinery.strategies.sage import SAGE
@@ -112,6 +115,9 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(ProgramOfThought, ("program_of_thought", "pal")),
     Entry(SelfDebug, ("self_debugging",)),
     Entry(ToolIntegratedReasoning, ("tool_integrated_reasoning",)),
+    Entry(BeamSearch, ("beam_search",)),
+    Entry(DVTS, ("diverse_verifier_tree_search",)),
+    Entry(ParticleFilter, ("particle_filtering", "pf")),
 )
 
 # Read-only: name or alias -> entry.

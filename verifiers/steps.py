@@ -18,13 +18,14 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, Protocol, runtime_checkable
 
 from refinery.engine.context import Context
+from refinery.engine.errors import SpecError
 from refinery.engine.types import Task
 
-__all__ = ["AGGREGATIONS", "Aggregation", "StepScorer", "aggregate"]
+__all__ = ["AGGREGATIONS", "SCORERS", "Aggregation", "StepScorer", "aggregate", "build_scorer"]
 
 Aggregation = Literal["last", "min", "prod", "mean"]
 AGGREGATIONS: tuple[Aggregation, ...] = ("last", "min", "prod", "mean")
@@ -53,3 +54,31 @@ def aggregate(scores: Sequence[float], how: Aggregation = "last") -> float:
     if how == "prod":
         return math.prod(scores)
     return sum(scores) / len(scores)
+
+
+def _arith() -> StepScorer:
+    from refinery.verifiers.step_arith import ArithStepScorer
+    return ArithStepScorer()
+
+
+def _judge() -> StepScorer:
+    from refinery.verifiers.step_judge import JudgeStepScorer
+    return JudgeStepScorer()
+
+
+# name -> a new scorer. A search builds its own for every solve, so a scorer may
+# keep what it already scored of this solve (a judge's earlier steps) and nothing else.
+SCORERS: dict[str, Callable[[], StepScorer]] = {"arith": _arith, "judge": _judge}
+
+
+def build_scorer(name: str) -> StepScorer:
+    """A new scorer by name.
+
+    Raises:
+        SpecError: no scorer has that name.
+    """
+    make = SCORERS.get(name)
+    if make is None:
+        raise SpecError(f"unknown step scorer {name!r}; known: {', '.join(sorted(SCORERS))}",
+                        param="scorer")
+    return make()

@@ -71,7 +71,7 @@ def test_canonical_spec_round_trip():
 def test_unknown_name_suggests():
     with pytest.raises(SpecError, match=r"unknown strategy 'ssrr'; did you mean 'ssr'\?"):
         build_strategy("dei(ssrr, cot)", REGISTRY)
-    with pytest.raises(SpecError, match="unknown strategy 'zzz' \\(known: best_of_n, cot"):
+    with pytest.raises(SpecError, match="unknown strategy 'zzz' \\(known: beam, best_of_n, cot"):
         build_strategy("zzz", REGISTRY)
 
 
