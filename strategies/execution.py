@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from refinery.engine.constraints import Constraint
@@ -30,7 +31,7 @@ from refinery.verifiers.code import extract_code
 from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig
 
 __all__ = ["Execution", "execute", "execute_block", "execution_sandbox", "program_constraint",
-           "read_program", "with_example"]
+           "read_program", "with_examples"]
 
 # What a repair turn and a trace show of a failure: enough of a traceback to name
 # the error and its line, not a page of it.
@@ -57,15 +58,17 @@ def program_constraint(max_lines: int = 8, line_chars: int = 100) -> Constraint:
     return Constraint.from_regex(rf"```python\ndef solution\(\):\n(?:{line}){{1,{max_lines}}}```")
 
 
-def with_example(task: Task, question: str, reply: str, instruction: str) -> list[Message]:
-    """The task's conversation after one worked exchange (PAL's few-shot form, as chat
-    turns), the instruction appended to both questions. Shown after the question
+def with_examples(task: Task, examples: Sequence[tuple[str, str]],
+                  instruction: str) -> list[Message]:
+    """The task's conversation after worked exchanges (PAL's few-shot form, as chat
+    turns), the instruction appended to every question. Shown after the question
     instead, a 135M model copies the example's program verbatim."""
-    example = [Message(role="user", content=f"{question}\n\n{instruction}"),
-               Message(role="assistant", content=reply)]
+    shots = [m for question, reply in examples
+             for m in (Message(role="user", content=f"{question}\n\n{instruction}"),
+                       Message(role="assistant", content=reply))]
     system = [m for m in task.messages[:1] if m.role == "system"]
     rest = task.messages[len(system):]
-    return [*system, *example, *with_question(rest, instruction)]
+    return [*system, *shots, *with_question(rest, instruction)]
 
 
 def read_program(reply: str) -> str:

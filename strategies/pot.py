@@ -13,18 +13,30 @@ from refinery.engine.graph import ChildCost
 from refinery.engine.trace import StepKind
 from refinery.engine.types import Attempt, Completion, Message, SamplingParams, Task
 from refinery.strategies.base import Strategy, StructuredParams, step_params
-from refinery.strategies.execution import Execution, execute, program_constraint, with_example
+from refinery.strategies.execution import Execution, execute, program_constraint, with_examples
 
 INSTRUCTION = ("Do not solve it in words. Write a Python function solution() that computes "
                "the answer and returns it, as one ```python block.")
 
-EXAMPLE_QUESTION = "A shop has 5 boxes of 12 pencils and sells 17 pencils. How many are left?"
-EXAMPLE_PROGRAM = """```python
-def solution():
-    pencils = 5 * 12
-    sold = 17
-    return pencils - sold
-```"""
+# Worked exchanges, the first for every solve, more with ``shots``: one short
+# program first, then multi-step ones with a name for every quantity (PAL's form).
+EXAMPLES = (
+    ("A shop has 5 boxes of 12 pencils and sells 17 pencils. How many are left?",
+     "```python\ndef solution():\n    pencils = 5 * 12\n    sold = 17\n"
+     "    return pencils - sold\n```"),
+    ("Mia earns $15 an hour and works 6 hours a day for 4 days. She spends $90 on a "
+     "coat. How much money does she have left?",
+     "```python\ndef solution():\n    earned_per_day = 15 * 6\n    earned = earned_per_day * 4\n"
+     "    coat = 90\n    return earned - coat\n```"),
+    ("A farm has 3 times as many hens as cows. There are 8 cows. Half of the hens lay "
+     "eggs, 2 eggs each. How many eggs are laid?",
+     "```python\ndef solution():\n    cows = 8\n    hens = 3 * cows\n    laying = hens / 2\n"
+     "    return laying * 2\n```"),
+    ("A book costs $12 and a pen costs a quarter of that. Leo buys 2 books and 3 pens. "
+     "What does he pay?",
+     "```python\ndef solution():\n    book = 12\n    pen = book / 4\n"
+     "    return 2 * book + 3 * pen\n```"),
+)
 
 REPAIR = ("Running your program failed:\n{error}\n\nWrite the whole program again, fixed, "
           "as one ```python block with def solution():.")
@@ -60,6 +72,7 @@ class ProgramOfThought(Strategy):
                                           description="None: the context's default")
         numeric: bool = Field(True, description="an answer that is not a number is a failure")
         instruction: str = Field(INSTRUCTION, description="appended to the question")
+        shots: int = Field(1, ge=1, le=len(EXAMPLES), description="worked examples shown")
 
     structured_kinds = frozenset({"regex"})
 
@@ -69,7 +82,7 @@ class ProgramOfThought(Strategy):
 
     def messages(self, task: Task) -> list[Message]:
         """The task's conversation, after one worked question and its program."""
-        return with_example(task, EXAMPLE_QUESTION, EXAMPLE_PROGRAM, self.params.instruction)
+        return with_examples(task, EXAMPLES[: self.params.shots], self.params.instruction)
 
     async def sample(self, task: Task, ctx: Context, n: int, *,
                      temperature: float | None = None, logprobs: bool = False,

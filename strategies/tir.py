@@ -14,7 +14,7 @@ from refinery.engine.errors import BudgetExhausted
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Message, SamplingParams, Task
 from refinery.strategies.base import Strategy, StructuredParams, step_params
-from refinery.strategies.execution import Execution, execute_block, with_example
+from refinery.strategies.execution import Execution, execute_block, with_examples
 from refinery.verifiers.math import extract_answer
 
 INSTRUCTION = ("Solve it with Python: write a ```python block that prints what you need; "
@@ -91,7 +91,7 @@ class ToolIntegratedReasoning(Strategy):
 
     def messages(self, task: Task) -> list[Message]:
         """The task's conversation, after one worked question and its reply."""
-        return with_example(task, EXAMPLE_QUESTION, EXAMPLE_REPLY, self.params.instruction)
+        return with_examples(task, [(EXAMPLE_QUESTION, EXAMPLE_REPLY)], self.params.instruction)
 
     async def solve(self, task: Task, ctx: Context) -> Attempt:
         require_continuation(ctx.backend)
