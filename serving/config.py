@@ -26,6 +26,12 @@ DEFAULT_PRESETS = {
     "re2": "re2",
     "cot_reflection": "cot_reflection",
     "deepconf": "deepconf(cot, n=8)",
+    "pot": "pot",
+    "sc_pot": "sc(pot, n=8)",
+    "tir": "tir",
+    "beam": 'beam(scorer="arith", width=4, expand=4)',
+    "dvts": 'dvts(scorer="arith", n=16, width=4)',
+    "particle": 'particle(scorer="arith", n=8)',
 }
 
 

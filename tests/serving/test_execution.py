@@ -51,3 +51,10 @@ async def test_tir_on_a_backend_that_cannot_continue_is_a_400(scripted_serve, cl
     error = r.json()["error"]
     assert set(error) == ERROR_KEYS and error["code"] == "continuation_unsupported"
     assert backend.calls == []
+
+
+async def test_the_execution_and_search_presets_are_listed(scripted_serve, client):
+    url, _ = await scripted_serve()
+    listed = {m["id"] for m in (await client.get(url + "/v1/models")).json()["data"]}
+    for preset in ("pot", "sc_pot", "tir", "beam", "dvts", "particle"):
+        assert f"{preset}@{MODEL}" in listed
