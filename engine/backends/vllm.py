@@ -405,6 +405,7 @@ class VLLMBackend:
         if self.closed:
             return
         self.closed = True
+        self._wake_stranded()
         await self._stop_output_handler()
         await asyncio.to_thread(self.engine.shutdown)
         await asyncio.to_thread(_reap, self.engine_procs)
@@ -413,6 +414,20 @@ class VLLMBackend:
         # globals and prints a TypeError traceback after every clean exit.
         self.engine = None
         gc.collect()
+
+    def _wake_stranded(self) -> None:
+        """Fail every request still waiting on a dead engine core.
+
+        When the core dies, AsyncLLM's output task wakes the requests it has
+        registered. A request whose ``add_request`` was under way then (its
+        liveness check passed before the death, its registration came after)
+        is registered with nobody left to answer it and would wait forever.
+        """
+        if not self.engine.errored:
+            return
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        self.engine.output_processor.propagate_error(EngineDeadError())
 
     async def _stop_output_handler(self) -> None:
         """Cancel AsyncLLM's output task first when no request is waiting on it.

@@ -104,3 +104,32 @@ async def test_with_requests_in_flight_the_output_task_stays_to_fail_them() -> N
     await asyncio.sleep(0)
     # Its error is what wakes the waiting requests, so it must see the core go.
     assert engine.failures == ["AsyncLLM output_handler failed: EngineDeadError"]
+
+
+class StandInOutputProcessor:
+    """AsyncLLM's registry of waiting requests: each has a queue its generate() reads."""
+
+    def __init__(self, waiting: int) -> None:
+        self.queues: list[list[Exception]] = [[] for _ in range(waiting)]
+
+    def propagate_error(self, e: Exception) -> None:
+        for q in self.queues:
+            q.append(e)
+
+
+async def test_closing_a_dead_engine_fails_the_requests_still_waiting_on_it() -> None:
+    # A request registered after the output task had already failed the others.
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    engine = StandInEngine(unfinished=1)
+    engine.errored = True
+    engine.output_processor = processor = StandInOutputProcessor(waiting=1)
+    await VLLMBackend(engine, StandInTokenizer(), "m", 4096, is_cpu=True).aclose()
+    assert [type(e) for q in processor.queues for e in q] == [EngineDeadError]
+
+
+async def test_closing_a_live_engine_leaves_its_requests_alone() -> None:
+    engine = StandInEngine(unfinished=1)
+    engine.output_processor = processor = StandInOutputProcessor(waiting=1)
+    await VLLMBackend(engine, StandInTokenizer(), "m", 4096, is_cpu=True).aclose()
+    assert processor.queues == [[]]
