@@ -1,4 +1,4 @@
-"""Best-of-n: n samples scored by the task's verifier or an LLM judge; keep the best."""
+"""Best-of-n: n samples scored by the task's verifier, an LLM judge or a step scorer."""
 
 from __future__ import annotations
 
@@ -26,6 +26,15 @@ from refinery.strategies.base import (
 )
 from refinery.strategies.cot import CoT, sample_inner
 from refinery.verifiers.judge import parse_score, score_form
+from refinery.verifiers.math import normalize_answer
+from refinery.verifiers.steps import (
+    MAX_STEPS,
+    Aggregation,
+    ScorerName,
+    aggregate,
+    build_scorer,
+    split_steps,
+)
 
 JUDGE = """You are grading a solution to a problem.
 
@@ -47,8 +56,9 @@ JUDGE_FORM = Constraint.from_regex(score_form(1, 10))
 class Grade(Detail):
     """How a candidate was scored: by the task's verifier, or by the judge's 1-10 grade."""
 
-    scorer: Literal["verifier", "judge"]
+    scorer: Literal["verifier", "judge", "steps"]
     grade: float | None = None
+    step_scores: list[float] | None = None  # a step scorer's, one per step
     fallback: str | None = None  # why the grade is the neutral one
     verifier_error: str | None = None  # why the verifier could not score it
 
@@ -68,6 +78,12 @@ class BestOfN(LoopStrategy):
     grade is always readable; ``structured=False`` is the free-text judge.
     Each judge call's trace event notes whether its grade parsed.
 
+    ``step_scorer`` (``arith``, ``judge``, ``prm``: :mod:`refinery.verifiers.steps`)
+    scores each candidate's steps, its paragraphs, as a process reward model
+    would, folded by ``aggregate``; ``weighted=True`` then picks the answer whose
+    candidates' scores sum highest, and its best candidate (weighted best-of-n,
+    as in search-and-learn), instead of the single best candidate.
+
     Example:
         >>> attempt = await BestOfN(CoT(), n=4, scorer="judge").solve(task, ctx)
         >>> attempt.metadata["scorer"], attempt.score
@@ -83,11 +99,17 @@ class BestOfN(LoopStrategy):
     class Params(StructuredParams, SampledParams):
         scorer: Literal["auto", "verifier", "judge"] = Field(
             "auto", description="auto: the verifier when the task has one, else the judge")
+        step_scorer: ScorerName | None = Field(None, description="arith | judge | prm: "
+                                               "score the steps")
+        aggregate: Aggregation = Field("last", description="step scores -> candidate score")
+        weighted: bool = Field(False, description="sum the scores of candidates per answer")
 
     @staticmethod
     def worst_case(params: Params, children: Sequence[ChildCost]) -> int:
         [inner] = children
         sampling = inner.calls if inner.one_request else params.n * inner.calls
+        if params.step_scorer is not None:  # a judge of steps: one call per step
+            return sampling + (params.n * MAX_STEPS if params.step_scorer == "judge" else 0)
         return sampling + params.n  # the judge, when there is no verifier
 
     async def propose(self, task: Task, ctx: Context, rnd: int,
@@ -96,6 +118,8 @@ class BestOfN(LoopStrategy):
                                   temperature=self.params.temperature)
 
     async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored[Grade]]:
+        if self.params.step_scorer is not None:
+            return await self.score_steps(task, ctx, cands)
         use_verifier = ctx.verifier is not None and self.params.scorer != "judge"
         scorer = self.verify if use_verifier else self.judge
         results = await asyncio.gather(*(scorer(task, ctx, a) for a in cands),
@@ -109,6 +133,38 @@ class BestOfN(LoopStrategy):
         if spent is not None:
             raise PartialScores(spent, scored)
         return scored
+
+    async def score_steps(self, task: Task, ctx: Context,
+                          cands: list[Attempt]) -> list[Scored[Grade]]:
+        """Every candidate's steps scored at once by the step scorer (a fresh one per
+        solve: a judge keeps what it scored of this solve only)."""
+        scorer = build_scorer(self.params.step_scorer)
+        steps = await scorer.score(task, [split_steps(a.text) for a in cands], ctx)
+        scored = []
+        for attempt, step_scores in zip(cands, steps, strict=True):
+            value = aggregate(step_scores, self.params.aggregate)
+            eid = ctx.emit("judge", f"{scorer.name}: {value:.3f}", strategy=self.name,
+                           parents=attempt.events, scorer=scorer.name, steps=step_scores,
+                           score=value)
+            scored.append(Scored(attempt, value, events=[eid], detail=Grade(
+                scorer="steps", step_scores=list(step_scores))))
+        return scored
+
+    def select(self, pool: list[Scored[Grade]]) -> Scored[Grade]:
+        """The best candidate; with ``weighted``, the best of the answer whose candidates
+        sum the highest score (candidates without an answer do not weigh)."""
+        if not self.params.weighted:
+            return super().select(pool)
+        totals: dict[str, float] = {}
+        for s in pool:
+            if s.attempt.answer:
+                key = normalize_answer(s.attempt.answer)
+                totals[key] = totals.get(key, 0.0) + (s.score or 0.0)
+        if not totals:
+            return super().select(pool)
+        top = max(totals, key=totals.__getitem__)  # first seen on a tie
+        return super().select([s for s in pool if s.attempt.answer
+                               and normalize_answer(s.attempt.answer) == top])
 
     async def verify(self, task: Task, ctx: Context, attempt: Attempt) -> Scored[Grade]:
         try:

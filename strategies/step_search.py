@@ -19,20 +19,33 @@ import asyncio
 import random
 from dataclasses import dataclass, replace
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted
 from refinery.engine.types import Attempt, Completion, Message, SamplingParams, Task
 from refinery.strategies.base import Strategy, StrategyParams, with_question
 from refinery.verifiers.math import extract_answer, extract_boxed
-from refinery.verifiers.steps import SCORERS, Aggregation, StepScorer, aggregate, build_scorer
+from refinery.verifiers.steps import (
+    STEP_END,
+    Aggregation,
+    ScorerName,
+    StepScorer,
+    aggregate,
+    build_scorer,
+)
 
-__all__ = ["STEP_END", "SearchParams", "StepPath", "StepSearch"]
+__all__ = ["STEP_END", "SearchParams", "StepPath", "StepSearch", "ends_solution"]
 
-STEP_END = "\n\n"
 INSTRUCTION = ("Solve it step by step, one short step per paragraph, each with its "
                "calculation written out. End with: The answer is \\boxed{...}.")
+
+
+def ends_solution(step: str, finish: str) -> bool:
+    """Whether a path ends with ``step``: it states the final answer, is empty, or was
+    cut (``finish`` other than ``stop``)."""
+    return (not step.strip() or finish != "stop" or extract_boxed(step) is not None
+            or "answer is" in step.lower())
 
 
 @dataclass(frozen=True)
@@ -45,6 +58,7 @@ class StepPath:
     finish: str = "stop"
     group: int = 0  # DVTS's subtree; 0 elsewhere
     events: tuple[str, ...] = ()
+    index: int = 0  # which completion of its last event wrote its last step
 
     @property
     def text(self) -> str:
@@ -53,31 +67,22 @@ class StepPath:
     def value(self, how: Aggregation) -> float:
         return aggregate(self.scores, how)
 
-    def grown(self, comp: Completion, event_id: str, group: int = 0) -> StepPath:
+    def grown(self, comp: Completion, event_id: str, index: int, group: int = 0) -> StepPath:
         step = comp.text.strip("\n")
-        done = (not step.strip() or comp.finish_reason != "stop"
-                or extract_boxed(step) is not None or "answer is" in step.lower())
         return replace(self, steps=(*self.steps, step) if step.strip() else self.steps,
-                       done=done, finish=comp.finish_reason, group=group,
-                       events=(*self.events, event_id))
+                       done=ends_solution(step, comp.finish_reason), finish=comp.finish_reason,
+                       group=group, events=(*self.events, event_id), index=index)
 
 
 class SearchParams(StrategyParams):
     """What every step search takes."""
 
-    scorer: str = Field("arith", description="step scorer: arith | judge")
+    scorer: ScorerName = Field("arith", description="step scorer: arith | judge | prm")
     aggregate: Aggregation = Field("last", description="step scores -> path score")
     max_steps: int = Field(8, ge=1, le=32, description="levels before the best is completed")
     temperature: float = Field(0.8, ge=0.0, le=2.0, description="sampling of the next steps")
     step_tokens: int = Field(96, ge=8, le=1024, description="max tokens of one step")
     instruction: str = Field(INSTRUCTION, description="appended to the question")
-
-    @field_validator("scorer")
-    @classmethod
-    def _known(cls, name: str) -> str:
-        if name not in SCORERS:
-            raise ValueError(f"unknown step scorer {name!r}; known: {', '.join(sorted(SCORERS))}")
-        return name
 
 
 class StepSearch(Strategy):
@@ -123,21 +128,26 @@ class StepSearch(Strategy):
                 finished += [g for g in grown if g.done]
                 population = [g for g in grown if not g.done]
             kept = self.select(population, rng) if population else []
-            self._record(ctx, level, population, kept)
+            self._record(ctx, level, grown, population, kept)
             finished += [population[i] for i in kept if population[i].done]
             live = [population[i] for i in kept if not population[i].done]
             if not live:
                 break
         return await self._answer(ctx, messages, finished, live, exhausted)
 
-    def _record(self, ctx: Context, level: int, population: list[StepPath],
-                kept: list[int]) -> None:
+    def _record(self, ctx: Context, level: int, grown: list[StepPath],
+                population: list[StepPath], kept: list[int]) -> None:
         how = self.params.aggregate
         values = [round(g.value(how), 4) for g in population]
+        # Each step scored at this level, finished or not, as (generation event,
+        # completion index, score): with the events' texts, the scored tree (distill's
+        # stepwise rows read it).
+        last = [[g.events[-1] if g.events else None, g.index,
+                 g.scores[-1] if g.scores else None] for g in grown]
         ctx.emit("search", f"level {level}: kept {len(kept)} of {len(population)}",
                  strategy=self.name, level=level, scores=values, kept=kept,
                  pruned=[i for i in range(len(population)) if i not in kept],
-                 done=[i for i, g in enumerate(population) if g.done])
+                 done=[i for i, g in enumerate(population) if g.done], last_steps=last)
 
     async def _grow(self, task: Task, ctx: Context, messages: list[Message],
                     params: SamplingParams, live: list[StepPath], scorer: StepScorer,
@@ -151,7 +161,7 @@ class StepSearch(Strategy):
                                      strategy=self.name, parents=path.events[-1:],
                                      continue_final=bool(path.steps))
             # Each first step founds its own group (DVTS's subtrees); later steps inherit it.
-            return [path.grown(c, gen.event_id, group=i if not path.steps else path.group)
+            return [path.grown(c, gen.event_id, i, group=i if not path.steps else path.group)
                     for i, c in enumerate(gen)]
 
         grown = [g for gs in await asyncio.gather(*(one(path) for path in live)) for g in gs]

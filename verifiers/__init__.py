@@ -1,4 +1,8 @@
-"""Verifiers: is an answer right? Math equivalence, sandboxed code, exact/regex, an LLM judge.
+"""Verifiers: is an answer right, and how good is a partial one?
+
+Answers: math equivalence, sandboxed code, exact/regex, an LLM judge. Partial
+solutions: step scorers (:mod:`.steps`), a calculator, a judge or a process
+reward model per step.
 
 Imports ``engine`` only. Every verifier has ``name`` and
 ``async verify(task, answer, gold=None) -> Verdict``; build one by name with
@@ -29,21 +33,34 @@ from refinery.verifiers.math import (
 )
 from refinery.verifiers.registry import VERIFIERS, get_verifier
 from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig
+from refinery.verifiers.step_arith import ArithStepScorer, check_step
+from refinery.verifiers.step_judge import JudgeStepScorer
+from refinery.verifiers.step_prm import PRMFormat, PRMStepScorer
+from refinery.verifiers.steps import SCORERS, StepScorer, aggregate, build_scorer
 
 __all__ = [
+    "SCORERS",
     "VERIFIERS",
+    "ArithStepScorer",
     "CodeVerifier",
     "ExactVerifier",
     "GSM8KVerifier",
+    "JudgeStepScorer",
     "JudgeVerifier",
     "MathVerifier",
+    "PRMFormat",
+    "PRMStepScorer",
     "RegexVerifier",
     "RunResult",
     "Sandbox",
     "SandboxConfig",
+    "StepScorer",
     "Verdict",
     "Verifier",
+    "aggregate",
     "build_program",
+    "build_scorer",
+    "check_step",
     "extract_answer",
     "extract_boxed",
     "extract_code",

@@ -47,9 +47,11 @@ __all__ = [
     "extract_boxed",
     "extract_gsm8k_flexible",
     "extract_gsm8k_strict",
+    "format_rational",
     "gsm8k_normalize",
     "is_equivalent",
     "normalize_answer",
+    "parse_rational",
 ]
 
 # ----------------------------------------------------------------------------- extraction
@@ -256,14 +258,14 @@ def _strip_unit_tail(s: str) -> str:
         return s
     scale = _SCALE_WORDS.get(words[0].lower())
     if scale is not None:
-        value = _parse_rational(m.group(1))
-        return s if value is None else _format_rational(value * scale)
+        value = parse_rational(m.group(1))
+        return s if value is None else format_rational(value * scale)
     if not m.group(2) and len(words[0]) < 2:
         return s
     return m.group(1)
 
 
-def _parse_rational(s: str) -> Fraction | None:
+def parse_rational(s: str) -> Fraction | None:
     """Exact value of a plain number (``-12``, ``.5``, ``1e3``, ``3/4``, ``1.5/2``), else None."""
     try:
         if _NUMERIC.match(s):
@@ -277,7 +279,8 @@ def _parse_rational(s: str) -> Fraction | None:
     return None
 
 
-def _format_rational(x: Fraction) -> str:
+def format_rational(x: Fraction) -> str:
+    """``x`` in one spelling: ``3``, ``0.25``, ``1/3``."""
     # One spelling per value: integers plain, terminating decimals as decimals,
     # everything else p/q. Keeps "1/2", "0.50", "\frac{1}{2}" on one voting key.
     if x.denominator == 1:
@@ -348,9 +351,9 @@ def normalize_answer(s: str | None) -> str:
     if re.search(r"[\d\\]", s):
         s = s.replace(" ", "")
     s = s.removeprefix("+")
-    value = _parse_rational(s)
+    value = parse_rational(s)
     if value is not None:
-        return _format_rational(value)
+        return format_rational(value)
     return s
 
 
@@ -373,7 +376,7 @@ def _quick_equivalent(na: str, nb: str) -> bool | None:
         return True
     if "\\" not in na + nb and na.casefold() == nb.casefold():
         return True
-    xa, xb = _parse_rational(na), _parse_rational(nb)
+    xa, xb = parse_rational(na), parse_rational(nb)
     if xa is not None and xb is not None:
         return _numbers_equal(xa, xb)
     # A number against a bare word ("12" vs "twelve" or "C") needs no sympy: different.
@@ -491,7 +494,7 @@ class GSM8KVerifier:
         got = gsm8k_normalize(pred)
         ok = got == ref
         if not ok and self.lenient:
-            a, b = _parse_rational(got), _parse_rational(ref)
+            a, b = parse_rational(got), parse_rational(ref)
             ok = a is not None and b is not None and a == b
         return Verdict.of(ok, {"extracted": pred, "normalized": got, "gold": ref,
                                "mode": self.mode})

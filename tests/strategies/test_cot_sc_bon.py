@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from refinery.engine.context import Context
+from refinery.engine.errors import SpecError
 from refinery.engine.types import Completion, Delta
-from refinery.strategies import BestOfN, CoT, CritiqueRefine, SelfConsistency
+from refinery.strategies import BestOfN, CoT, CritiqueRefine, SelfConsistency, build
 from refinery.verifiers.base import Verdict
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ctx, prompts, task
@@ -98,3 +101,39 @@ async def test_best_of_n_uses_the_label_free_verifier():
     attempt = await BestOfN(CoT(), n=3).solve(task(), c)
     assert len(backend.calls) == 1  # no judge calls
     assert attempt.text == "\\boxed{3}" and attempt.metadata["scorer"] == "verifier"
+
+
+# Candidates whose arithmetic the arith step scorer checks: last-step scores 1, 0, 1, 0.5.
+STEPPED = ["3 * 4 = 12\n\n12 + 2 = 14\n\nThe answer is \\boxed{14}, as 12 + 2 = 14.",
+           "3 * 4 = 12\n\n12 + 2 = 15\n\nThe answer is \\boxed{15}. 15 + 0 = 16",
+           "3 * 4 = 12\n\nThe answer is \\boxed{12}. 12 + 0 = 12",
+           "I think it is \\boxed{15}."]
+
+
+async def test_best_of_n_with_a_step_scorer_keeps_the_best_checked_path():
+    backend = ScriptedBackend([(r".*", STEPPED)])
+    c = ctx(backend)
+    attempt = await BestOfN(CoT(), n=4, step_scorer="arith", aggregate="min").solve(task(), c)
+    assert len(backend.calls) == 1  # the calculator makes no call
+    assert attempt.answer == "14" and attempt.score == 1.0  # first of the two all-right
+    scored = [e.data for e in c.trace.events if e.step == "judge"]
+    assert [s["steps"] for s in scored] == [[1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [1.0, 1.0],
+                                            [0.5]]
+    assert attempt.metadata["step_scores"] == [1.0, 1.0, 1.0]
+
+
+async def test_weighted_best_of_n_sums_the_scores_of_each_answer():
+    # Answer 15 wins by weight (0.5 + 0.5 + 0.5 > 1.0) though 12's one candidate is best.
+    samples = ["It is \\boxed{15}.", "It is \\boxed{15}!", "12 + 0 = 12 so \\boxed{12}",
+               "Say \\boxed{15}"]
+    backend = ScriptedBackend([(r".*", samples)])
+    plain = await BestOfN(CoT(), n=4, step_scorer="arith").solve(task(), ctx(backend))
+    weighted = await BestOfN(CoT(), n=4, step_scorer="arith", weighted=True).solve(
+        task(), ctx(ScriptedBackend([(r".*", samples)])))
+    assert (plain.answer, weighted.answer) == ("12", "15")
+    assert weighted.text == samples[0]  # the best of 15's candidates, first on a tie
+
+
+def test_an_unknown_step_scorer_is_refused_when_the_spec_is_built():
+    with pytest.raises(SpecError, match="unknown step scorer 'nope'"):
+        build('best_of_n(cot, step_scorer="nope")')
