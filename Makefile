@@ -21,10 +21,11 @@ RUNS ?= runs
 export VLLM_CPU_KVCACHE_SPACE ?= 4
 export TOKENIZERS_PARALLELISM ?= false
 
-# Peers measured side by side with refinery (bench/vs_optillm.py), each in its own
-# virtualenv: OptiLLM pins a transformers older than ours.
+# Peers measured side by side with refinery (bench/vs_optillm.py, bench/vs_its_hub.py),
+# each in its own virtualenv: OptiLLM pins a transformers older than ours.
 PEERS := $(REFINERY_HOME)/peers
 OPTILLM_VERSION ?= 0.4.0
+ITS_HUB_VERSION ?= 1.2.0
 
 .PHONY: setup setup-serve sandbox-packages browser-packages serve test test-all test-fast bench bench-peers peers-clients check-clients lint clean-venv
 
@@ -83,7 +84,7 @@ test-all: setup
 test-fast: setup
 	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e" $(PYTEST_ARGS)
 
-bench-peers: $(PEERS)/optillm/.installed
+bench-peers: $(PEERS)/optillm/.installed $(PEERS)/its_hub/.installed
 
 $(PEERS)/optillm/.installed:
 	$(PYTHON) -m venv $(PEERS)/optillm
@@ -91,6 +92,13 @@ $(PEERS)/optillm/.installed:
 	# Its torch requirement is unpinned: the CPU build on local disk, not a CUDA download.
 	$(PEERS)/optillm/bin/python -m pip install --quiet "torch==2.13.0+cpu"
 	$(PEERS)/optillm/bin/python -m pip install --quiet "optillm==$(OPTILLM_VERSION)"
+	touch $@
+
+# its_hub with its OpenAI-client extra only: bench/vs_its_hub.py runs it against vLLM.
+$(PEERS)/its_hub/.installed:
+	$(PYTHON) -m venv $(PEERS)/its_hub
+	$(PEERS)/its_hub/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS)/its_hub/bin/python -m pip install --quiet "its-hub[lm]==$(ITS_HUB_VERSION)"
 	touch $@
 
 # lm-evaluation-harness and litellm, in their own virtualenv (their pins conflict with ours).
