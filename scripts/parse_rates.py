@@ -28,7 +28,7 @@ from typing import Any
 Key = tuple[str, str, str]  # (strategy, step, mode)
 
 
-def _lines(path: Path) -> Iterator[dict[str, Any]]:
+def json_lines(path: Path) -> Iterator[dict[str, Any]]:
     """The JSON objects of a JSONL file, skipping torn or unreadable lines."""
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -53,7 +53,7 @@ def _add(counts: dict[Key, list[int]], key: Key, parsed: Iterable[Any]) -> None:
 
 def count_traces(path: Path, counts: dict[Key, list[int]]) -> None:
     """Add the parse records of every trace in ``path`` (one task per line)."""
-    for trace in _lines(path):
+    for trace in json_lines(path):
         for event in trace.get("events") or []:
             parse = (event.get("data") or {}).get("parse")
             if isinstance(parse, dict) and isinstance(parse.get("parsed"), list):
@@ -65,7 +65,7 @@ def count_traces(path: Path, counts: dict[Key, list[int]]) -> None:
 def count_verdicts(path: Path, counts: dict[Key, list[int]]) -> None:
     """Add the judge verifier's verdicts in a ``results.jsonl`` (rows whose verdict
     detail says which samples parsed)."""
-    for row in _lines(path):
+    for row in json_lines(path):
         detail = row.get("verdict")
         if isinstance(detail, dict) and isinstance(detail.get("parsed"), list):
             _add(counts, ("verifier", "judge", _mode(detail.get("structured"))),

@@ -17,11 +17,15 @@ import os
 import secrets
 import shutil
 import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from refinery.strategies.execution import Execution, execute, execution_sandbox
 from refinery.verifiers.code import build_program
 from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig, _pids_of_uid
 
@@ -92,15 +96,18 @@ def _processes_with(marker: str) -> list[int]:
 
 
 class Corpus:
-    results: dict[str, RunResult]
+    results: dict[str, Any]  # RunResult, or pot's Execution
     canary: Path
     before: dict[str, tuple[int, str]]
     connections: list[bytes]
     marker: str
 
 
-@pytest_asyncio.fixture(scope="module")
-async def corpus():
+@asynccontextmanager
+async def attacked(run: Callable[[str, str], Awaitable[Any]]) -> AsyncIterator[Corpus]:
+    """Every corpus program's source, filled in, given to ``run`` at once, with a
+    world-writable canary directory, a listener on 127.0.0.1, a secret in the
+    environment and a daemon marker to look for afterwards."""
     c = Corpus()
     # A host directory anyone may write to: only the jail stands between it and the corpus.
     c.canary = Path(tempfile.mkdtemp(prefix="refinery-canary-"))
@@ -121,26 +128,53 @@ async def corpus():
     secret = "s3cret-" + secrets.token_hex(8)
     os.environ[SECRET_VAR] = secret
     c.marker = "refinery-daemon-" + secrets.token_hex(8)
-
-    sandbox = Sandbox(CONFIG)
     names = sorted(p.stem for p in HOSTILE.glob("*.py"))
 
-    async def run(name: str) -> RunResult:
+    def source(name: str) -> str:
         src = (HOSTILE / f"{name}.py").read_text()
-        src = (src.replace("{{CANARY}}", str(c.canary)).replace("{{PORT}}", str(port))
-               .replace("{{SECRET}}", secret).replace("{{MARKER}}", c.marker))
-        return await sandbox.run_python(build_program("", src, CHECK, "attack"),
-                                        wall_timeout=WALL.get(name))
+        return (src.replace("{{CANARY}}", str(c.canary)).replace("{{PORT}}", str(port))
+                .replace("{{SECRET}}", secret).replace("{{MARKER}}", c.marker))
 
     try:
-        results = await asyncio.gather(*(run(n) for n in names))
+        results = await asyncio.gather(*(run(n, source(n)) for n in names))
     finally:
         os.environ.pop(SECRET_VAR, None)
         server.close()
         await server.wait_closed()
     c.results = dict(zip(names, results, strict=True))
-    yield c
-    shutil.rmtree(c.canary, ignore_errors=True)
+    try:
+        yield c
+    finally:
+        shutil.rmtree(c.canary, ignore_errors=True)
+
+
+@pytest_asyncio.fixture(scope="module")
+async def corpus():
+    """The corpus as the code verifier runs it: each ``attack`` under a check."""
+    sandbox = Sandbox(CONFIG)
+
+    async def run(name: str, src: str) -> RunResult:
+        return await sandbox.run_python(build_program("", src, CHECK, "attack"),
+                                        wall_timeout=WALL.get(name))
+
+    async with attacked(run) as c:
+        yield c
+
+
+@pytest_asyncio.fixture(scope="module")
+async def pot_corpus():
+    """The corpus as pot runs a model's reply: the attack in a fenced block whose
+    ``solution()`` calls it, completed, run and judged by :func:`execute`, in a
+    sandbox with pot's own limits (on this test's uids)."""
+    sandbox = Sandbox(execution_sandbox().config, uid_first=CONFIG.uid_first,
+                      uid_count=CONFIG.uid_count, max_workers=CONFIG.max_workers)
+
+    async def run(name: str, src: str) -> Execution:
+        reply = f"```python\n{src}\n\ndef solution():\n    return attack()\n```"
+        return await execute(reply, numeric=False, sandbox=sandbox)
+
+    async with attacked(run) as c:
+        yield c
 
 
 def test_corpus_is_complete() -> None:
@@ -175,7 +209,9 @@ def test_specific_containment(corpus: Corpus) -> None:
     assert "socket.gaierror" in res["network_outside"].stderr
 
 
-def test_nothing_left_behind(corpus: Corpus) -> None:
+@pytest.mark.parametrize("path", ["corpus", "pot_corpus"])
+def test_nothing_left_behind(path: str, request: pytest.FixtureRequest) -> None:
+    corpus: Corpus = request.getfixturevalue(path)
     assert _pool_processes() == []
     assert _processes_with(corpus.marker) == []
     assert _snapshot(corpus.canary) == corpus.before
@@ -185,3 +221,13 @@ def test_nothing_left_behind(corpus: Corpus) -> None:
 async def test_host_still_works_after_the_corpus(corpus: Corpus) -> None:
     r = await Sandbox(CONFIG).run_python("print(sum(range(10)))")
     assert r.passed and r.stdout.strip() == "45"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_a_hostile_program_as_pot_runs_it_fails_and_answers_nothing(
+        pot_corpus: Corpus, name: str) -> None:
+    run = pot_corpus.results[name]
+    assert not run.ok and run.answer is None and run.error, (name, run.stdout[-300:])
+    assert "escaped" not in run.stdout
+    assert "print(solution())" in run.program  # pot's completion of the reply ran
+
