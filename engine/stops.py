@@ -19,6 +19,8 @@ Implementations:
 - ``ConfidenceRule`` (``engine/confidence.py``): DeepConf's group confidence
   below a threshold; finish reason ``confidence``, text kept whole.
 - ``AnyRule``: several rules on one sample, the first to stop it wins.
+- ``AbortSwitch``: stops every sample it watches once its owner decided
+  (``asc``); finish reason ``abort``.
 
 ``WatchedSample`` is the one driver both backends use, so a rule behaves the
 same in-process (AsyncLLM: closing the stream aborts the request) and on an
@@ -130,6 +132,45 @@ class AnyRule:
 
     def start(self) -> StopMonitor:
         return _AnyMonitor([r.start() for r in self.rules])
+
+
+class _SwitchMonitor:
+    __slots__ = ("switch",)
+
+    def __init__(self, switch: AbortSwitch) -> None:
+        self.switch = switch
+
+    def feed(self, text: str, tokens: Sequence[TokenLogprob] | None) -> Stop | None:
+        return Stop("abort") if self.switch.fired else None
+
+    def measures(self) -> None:
+        return None
+
+
+class AbortSwitch:
+    """A rule that ends every sample it watches at the next piece once ``fire()``d.
+
+    For a strategy that runs samples concurrently and decides before all of them
+    end (``asc``): the samples still running stop with finish ``abort``, and as
+    they end through the backend's own stream, their tokens are counted.
+
+    Example:
+        >>> switch = AbortSwitch()
+        >>> mon = switch.start()
+        >>> mon.feed("Two", None) is None, switch.fire(), mon.feed(" plus", None)
+        (True, None, Stop(reason='abort', keep=None))
+    """
+
+    top_logprobs: ClassVar[int] = 0
+
+    def __init__(self) -> None:
+        self.fired = False
+
+    def fire(self) -> None:
+        self.fired = True
+
+    def start(self) -> StopMonitor:
+        return _SwitchMonitor(self)
 
 
 Watcher = StopRule | LoopDetector

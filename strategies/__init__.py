@@ -6,6 +6,7 @@ Example:
     >>> attempt = await s.solve(task, ctx)
 """
 
+from refinery.strategies.adaptive_sc import AdaptiveSelfConsistency
 from refinery.strategies.base import (
     LoopStrategy,
     Sampler,
@@ -41,6 +42,7 @@ __all__ = [
     "REGISTRY",
     "SAGE",
     "SSR",
+    "AdaptiveSelfConsistency",
     "BeamSearch",
     "BestOfN",
     "CoT",

@@ -24,6 +24,7 @@ import networkx as nx
 from pydantic import BaseModel
 
 from refinery.engine.graph import DEFAULT_MAX_CALLS, ChildCost, build_strategy, type_name
+from refinery.strategies.adaptive_sc import AdaptiveSelfConsistency
 from refinery.strategies.base import Strategy
 from refinery.strategies.beam import BeamSearch
 from refinery.strategies.best_of_n import BestOfN
@@ -101,6 +102,7 @@ class Entry:
 ENTRIES: tuple[Entry, ...] = (
     Entry(CoT, ("chain_of_thought",)),
     Entry(SelfConsistency, ("self_consistency",)),
+    Entry(AdaptiveSelfConsistency, ("adaptive_sc", "adaptive_consistency")),
     Entry(BestOfN, ("bon",)),
     Entry(CritiqueRefine, ("critique",)),
     Entry(SSR, ("socratic_self_refine",)),

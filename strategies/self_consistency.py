@@ -24,6 +24,17 @@ def mean_logprob(attempt: Attempt) -> float | None:
     return lp / tokens
 
 
+def answer_groups(cands: Sequence[Attempt]) -> tuple[list[str], dict[str, list[int]]]:
+    """Each candidate's vote key (its normalised answer; ``""``: no answer, no vote) and
+    the indices voting for each key, keys in first-seen order."""
+    keys = [normalize_answer(a.answer) if a.answer else "" for a in cands]
+    groups: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
+        if key:
+            groups.setdefault(key, []).append(i)
+    return keys, groups
+
+
 class Votes(Detail):
     """Votes per normalised answer (samples without an answer do not vote)."""
 
@@ -77,11 +88,7 @@ class SelfConsistency(LoopStrategy):
                                   logprobs=self.params.tie_break == "logprob")
 
     async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored[Votes]]:
-        keys = [normalize_answer(a.answer) if a.answer else "" for a in cands]
-        groups: dict[str, list[int]] = {}
-        for i, key in enumerate(keys):
-            if key:
-                groups.setdefault(key, []).append(i)
+        keys, groups = answer_groups(cands)
         voters = sum(len(g) for g in groups.values())
         votes = {k: len(g) for k, g in groups.items()}
         tally = Votes(votes=votes)

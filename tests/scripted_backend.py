@@ -102,6 +102,7 @@ class ScriptedBackend:
     cached_tokens: int | None = None
     watch: bool = False
     tops: Tops | None = None
+    paced: bool = False  # streams yield to the loop between words (samples interleave)
 
     # -- health (what the server reads) --------------------------------------------------
 
@@ -227,7 +228,7 @@ class ScriptedBackend:
         """``comp`` word by word through a monitor of ``rule``, as a real backend streams."""
         tokens = comp.token_logprobs or []
         stream = WatchedStream(rule, params)
-        async for delta in stream.deltas(_pieces(comp.text, tokens)):
+        async for delta in stream.deltas(_pieces(comp.text, tokens, self.paced)):
             yield delta
         watch, used = stream.watch, stream.n_tokens
         if rule is not None:
@@ -265,7 +266,10 @@ def _word_logprobs(text: str, i: int, top: int, tops: Tops | None = None) -> lis
                          top_logprobs=alternatives(p, values(j))) for j, p in enumerate(pieces)]
 
 
-async def _pieces(text: str, tokens: list[TokenLogprob]) -> AsyncIterator[Piece]:
+async def _pieces(text: str, tokens: list[TokenLogprob],
+                  paced: bool = False) -> AsyncIterator[Piece]:
     """``text`` word by word, each word one token, as a real engine streams it."""
     for j, word in enumerate(re.findall(r"\s*\S+", text)):
+        if paced:
+            await asyncio.sleep(0)
         yield Piece(word, tokens[j:j + 1] or None, 1)

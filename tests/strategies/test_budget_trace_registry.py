@@ -82,7 +82,7 @@ def test_registry_aliases_and_python_construction():
     assert repr(strategies.DEI()) == "dei(ssr(cot), critique_refine(cot), sage(cot))"
     assert repr(strategies.DEI()) == repr(strategies.build("dei"))
     names = [d["name"] for d in strategies.describe()]
-    assert names == ["cot", "sc", "best_of_n", "critique_refine", "ssr", "ssr_ada",
+    assert names == ["cot", "sc", "asc", "best_of_n", "critique_refine", "ssr", "ssr_ada",
                      "ssr_plan", "sage", "dei", "moa", "re2", "cot_reflection", "deepconf",
                      "pot", "self_debug", "tir", "beam", "dvts", "particle"]
     dei = next(d for d in strategies.describe() if d["name"] == "dei")
