@@ -13,8 +13,9 @@ conflict with ours; ``make peers-clients`` builds it under
   ``seed: 1234`` with every request, so this is also the seeded path.
   Checks: exit 0, both filters' ``exact_match`` scored, no server error.
 - **litellm** chat, a strategy through a preset, streaming with
-  ``reasoning_content``, and an unknown model mapped to litellm's
-  ``NotFoundError``.
+  ``reasoning_content``, the Responses API (``litellm.responses``, whole, and
+  streamed under a preset with its reasoning events), and an unknown model
+  mapped to litellm's ``NotFoundError``.
 
 Prints one line per check and ``N passed, N failed``; exits 1 on any failure.
 
@@ -95,6 +96,15 @@ for chunk in litellm.completion(model="openai/critique_refine@" + model, message
     content += d.content or ""
     reasoning += getattr(d, "reasoning_content", None) or ""
 out["stream_content"], out["stream_reasoning"] = content, reasoning
+r = litellm.responses(model="openai/" + model, input=msgs[0]["content"],
+                      max_output_tokens=32, **kw)
+out["responses"] = "".join(c.text for item in r.output if item.type == "message"
+                           for c in item.content)
+kinds = []
+for ev in litellm.responses(model="openai/sc@" + model, input=msgs[0]["content"],
+                            max_output_tokens=32, stream=True, **kw):
+    kinds.append(str(getattr(ev, "type", "")))
+out["responses_stream"] = kinds
 try:
     litellm.completion(model="openai/nope", messages=msgs, max_tokens=4, **kw)
     out["error"] = "none"
@@ -179,6 +189,11 @@ def checks(port: int, tmp: Path, limit: int) -> list[tuple[str, bool, str]]:
              bool(got["stream_content"]) and bool(got["stream_reasoning"]),
              f"{len(got['stream_content'])} content chars, "
              f"{len(got['stream_reasoning'])} reasoning chars"),
+            ("litellm responses", bool(got["responses"]), repr(got["responses"][:60])),
+            ("litellm responses stream with reasoning",
+             any("reasoning_summary_text.delta" in k for k in got["responses_stream"])
+             and any(k.endswith("response.completed") for k in got["responses_stream"]),
+             f"{len(got['responses_stream'])} events"),
             ("litellm error mapping", got["error"] == "NotFoundError", got["error"])]
     return out
 

@@ -229,6 +229,11 @@ def serve(
     default_strategy: str = typer.Option(None, help="spec run for a plain model name "
                                          "(default: passthrough)"),
     max_concurrent_requests: int = typer.Option(64, min=1),
+    effort: list[str] = typer.Option(
+        None, "--effort", metavar="LEVEL=SPEC",
+        help="what a reasoning_effort level runs (repeatable; SPEC 'passthrough' for none); "
+        "defaults: none, minimal passthrough; low cot; medium sc(cot, n=5); "
+        "high sc(cot, n=16)"),
     on_engine_death: EngineDeathPolicy = typer.Option(
         EngineDeathPolicy.exit,
         help="when the in-process vLLM engine dies (its core process is gone; in-flight "
@@ -256,10 +261,20 @@ def serve(
 
     import uvicorn
 
+    from refinery.engine.errors import SpecError
     from refinery.serving import ServerConfig, create_app, load_api_keys
+    from refinery.serving.config import effort_levels
+    from refinery.strategies import build_with_graph
     from refinery.ui import mount_ui
 
-    config = ServerConfig(model=model, default_strategy=default_strategy,
+    try:
+        levels = effort_levels(effort)
+        for level in levels.values():  # a bad spec fails here, not at a request
+            if level.spec is not None:
+                build_with_graph(level.spec, max_calls=None)
+    except (ValueError, SpecError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--effort") from None
+    config = ServerConfig(model=model, default_strategy=default_strategy, effort=levels,
                           api_keys=load_api_keys(api_key_file),
                           max_concurrent_requests=max_concurrent_requests,
                           on_engine_death=on_engine_death.value,

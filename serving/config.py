@@ -15,6 +15,7 @@ EngineDeathPolicy = Literal["exit", "restart"]
 DEFAULT_PRESETS = {
     "cot": "cot",
     "sc": "sc(cot, n=8)",
+    "asc": "asc(cot, max_n=16)",
     "best_of_n": "best_of_n(cot, n=4)",
     "critique_refine": "critique_refine",
     "ssr": "ssr",
@@ -35,12 +36,56 @@ DEFAULT_PRESETS = {
 }
 
 
+@dataclass(frozen=True)
+class EffortLevel:
+    """What a ``reasoning_effort`` level runs: a spec (None: passthrough) and the token
+    budget of the request (None: the server's cap), unless the request sets its own."""
+
+    spec: str | None
+    max_tokens: int | None = None
+
+
+# OpenAI's levels, from no extra thought to the most compute a request may take here.
+DEFAULT_EFFORT = {
+    "none": EffortLevel(None),
+    "minimal": EffortLevel(None),
+    "low": EffortLevel("cot", 4_096),
+    "medium": EffortLevel("sc(cot, n=5)", 16_384),
+    "high": EffortLevel("sc(cot, n=16)", 65_536),
+}
+
+
+def effort_levels(overrides: list[str] | None = None) -> dict[str, EffortLevel]:
+    """The default levels with ``LEVEL=SPEC`` overrides (``LEVEL=`` or
+    ``LEVEL=passthrough``: no strategy); a level keeps its token budget.
+
+    Example:
+        >>> effort_levels(["high=sc(pot, n=8)"])["high"]
+        EffortLevel(spec='sc(pot, n=8)', max_tokens=65536)
+
+    Raises:
+        ValueError: an item without ``=``, or a level OpenAI does not have.
+    """
+    levels = dict(DEFAULT_EFFORT)
+    for item in overrides or ():
+        level, sep, spec = item.partition("=")
+        level, spec = level.strip(), spec.strip()
+        if not sep or level not in DEFAULT_EFFORT:
+            raise ValueError(f"--effort {item!r}: expected LEVEL=SPEC with LEVEL one of "
+                             f"{', '.join(DEFAULT_EFFORT)}")
+        levels[level] = EffortLevel(spec if spec not in ("", "passthrough") else None,
+                                    DEFAULT_EFFORT[level].max_tokens)
+    return levels
+
+
 @dataclass
 class ServerConfig:
     """Settings of one server. Limits bound what any single request may spend.
 
     ``default_strategy=None`` makes a plain model name a passthrough call;
-    ``presets`` name specs usable as ``PRESET@MODEL`` and listed by /v1/models.
+    ``presets`` name specs usable as ``PRESET@MODEL`` and listed by /v1/models;
+    ``effort`` maps each ``reasoning_effort`` level to what it runs (also listed
+    there, on the served model's card).
 
     ``on_engine_death`` is what a server that built its own backend does when
     the engine dies for good (the vLLM core process is gone): ``exit`` stops
@@ -61,6 +106,7 @@ class ServerConfig:
     model: str = DEFAULT_MODEL
     default_strategy: str | None = None
     presets: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PRESETS))
+    effort: dict[str, EffortLevel] = field(default_factory=lambda: dict(DEFAULT_EFFORT))
     api_keys: frozenset[str] = frozenset()
     max_concurrent_requests: int = 64
     max_request_tokens: int = 200_000

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -56,12 +56,9 @@ from refinery.serving.protocol import (
 from refinery.serving.service import Outcome, Prepared, trace_summary
 from refinery.serving.structured import Reply
 
+# What a stream that failed after it began sends instead of the OpenAI error chunk.
+OnError = Callable[[BaseException], list[str]]
 MIN_LOGPROB = -9999.0  # what OpenAI and vLLM send for -inf (JSON has no infinity)
-
-
-def new_id(prefix: str) -> str:
-    """A response id: ``chatcmpl-<32 hex>``, ``cmpl-<32 hex>``."""
-    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def new_call_id() -> str:
@@ -81,7 +78,7 @@ class ResponseHead:
     @classmethod
     def new(cls, endpoint: Endpoint, model: str, reply: Reply | None = None,
             id: str | None = None) -> ResponseHead:
-        return cls(id=id or new_id(endpoint.id_prefix), created=int(time.time()),
+        return cls(id=id or endpoint.new_id(), created=int(time.time()),
                    model=model, reply=reply or Reply())
 
 
@@ -163,8 +160,19 @@ def refinery_info(prep: Prepared, outcome: Outcome) -> RefineryInfo:
 class Endpoint:
     """The adapter interface; :data:`CHAT` and :data:`COMPLETION` implement it."""
 
-    name: ClassVar[Literal["chat", "completion"]]
+    name: ClassVar[Literal["chat", "completion", "responses"]]
     id_prefix: ClassVar[str]
+    separator: ClassVar[str] = "-"
+
+    def new_id(self) -> str:
+        """A response id: ``chatcmpl-<32 hex>``, ``cmpl-<32 hex>``, ``resp_<32 hex>``."""
+        return f"{self.id_prefix}{self.separator}{uuid.uuid4().hex}"
+
+    def streamed(self, head: ResponseHead, chunks: AsyncIterator[BaseModel | str]
+                 ) -> tuple[AsyncIterator[BaseModel | str], OnError | None]:
+        """The stream's events from its chunks, and what a failure mid-stream sends
+        (None: the OpenAI error chunk). Chat and completions send the chunks as they are."""
+        return chunks, None
 
     def opening(self, head: ResponseHead, i: int) -> BaseModel | None:
         """The chunk that opens choice ``i`` of a stream, if the endpoint has one."""

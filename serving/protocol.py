@@ -65,6 +65,13 @@ OPTILLM_APPROACH = ("OptiLLM's approach (e.g. 'moa', 'bon'), as OptiLLM clients 
                     "refinery.strategy overrides it.")
 
 
+# OpenAI's reasoning effort levels; the server maps each to a strategy (ServerConfig.effort).
+Effort = Literal["none", "minimal", "low", "medium", "high"]
+REASONING_EFFORT = ("How hard to think: the server runs the strategy it maps this level to "
+                    "(GET /v1/models lists them). A strategy named in the model field or "
+                    "refinery.strategy wins.")
+
+
 class OpenAIBase(BaseModel):
     # Clients send fields we do not implement (logit_bias, tools, ...): accept them.
     model_config = ConfigDict(extra="allow")
@@ -210,6 +217,7 @@ class ChatCompletionRequest(VLLMStructuredFields):
     n: int = Field(1, ge=1, le=16)
     parallel_tool_calls: bool | None = None
     presence_penalty: float | None = None
+    reasoning_effort: Effort | None = Field(None, description=REASONING_EFFORT)
     response_format: ResponseFormat | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
@@ -237,6 +245,7 @@ class CompletionRequest(VLLMStructuredFields):
                                  "token; 0 = the sampled token's logprob only.")
     max_tokens: int | None = Field(16, ge=1)
     n: int = Field(1, ge=1, le=16)
+    reasoning_effort: Effort | None = Field(None, description=REASONING_EFFORT)
     response_format: ResponseFormat | None = Field(None, description="As vLLM accepts it.")
     seed: int | None = None
     stop: str | list[str] | None = None
@@ -418,6 +427,9 @@ class ModelCard(BaseModel):
     # -- refinery extensions -----------------------------------------------------------
     strategy: str | None = Field(None, description="For a preset: the spec it runs.")
     worst_case_calls: int | None = Field(None, description="For a preset: worst-case calls.")
+    reasoning_effort: dict[str, str | None] | None = Field(
+        None, description="For the served model: the spec each reasoning_effort level runs "
+        "(null: passthrough).")
 
 
 class ModelList(BaseModel):

@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from refinery.engine.errors import BackendUnavailableError
+from refinery.engine.errors import BackendUnavailableError, NotFoundError, RefineryError
 from refinery.engine.graph import worst_case_calls
 from refinery.serving.dependencies import State, admit, authorize
 from refinery.serving.endpoints import CHAT, COMPLETION
@@ -25,6 +25,8 @@ from refinery.serving.protocol import (
     ModelCard,
     ModelList,
 )
+from refinery.serving.responses import ResponsesEndpoint, chat_request, renamed
+from refinery.serving.responses_protocol import ResponseObject, ResponsesRequest
 from refinery.serving.serve import serve
 from refinery.strategies import build_with_graph
 
@@ -53,11 +55,29 @@ async def completions(req: CompletionRequest, request: Request, state: State) ->
     return await serve(request, req, COMPLETION, state)
 
 
+@router.post("/v1/responses", dependencies=COMPLETIONS, responses={
+    200: {"model": ResponseObject, "content": SSE}, **ERRORS})
+async def responses(req: ResponsesRequest, request: Request, state: State) -> Response:
+    """The Responses API on the chat serve path (serving/responses.py)."""
+    try:
+        return await serve(request, chat_request(req), ResponsesEndpoint(req), state)
+    except RefineryError as exc:
+        raise renamed(exc) from None
+
+
+@router.get("/v1/responses/{response_id}", dependencies=[Depends(authorize)],
+            responses=ERRORS)
+async def stored_response(response_id: str) -> Response:
+    raise NotFoundError(f"response {response_id!r} was not stored: this server stores no "
+                        "responses", param="response_id")
+
+
 @router.get("/v1/models", dependencies=[Depends(authorize)], responses=ERRORS)
 async def models(state: State) -> ModelList:
     """The served model (passthrough) and every preset, with its worst-case calls."""
     served = state.config.model
-    cards = [ModelCard(id=served)]
+    cards = [ModelCard(id=served, reasoning_effort={
+        level: e.spec for level, e in state.config.effort.items()})]
     for name, spec in state.config.presets.items():
         _, graph = build_with_graph(spec, max_calls=None)
         cards.append(ModelCard(id=f"{name}@{served}", strategy=spec,

@@ -20,7 +20,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from refinery.engine.errors import RefineryError
-from refinery.serving.endpoints import Endpoint, ResponseHead, new_id, refinery_info
+from refinery.serving.endpoints import Endpoint, ResponseHead, refinery_info
 from refinery.serving.protocol import ChatCompletionRequest, CompletionRequest
 from refinery.serving.service import Outcome, Prepared
 from refinery.serving.state import ServerState
@@ -52,7 +52,7 @@ async def serve(request: Request, req: OpenAIRequest, endpoint: Endpoint,
     """Answer ``req`` on ``endpoint``, whole or streamed as the request asks."""
     # The response id names the task too: its trace, and the upstream its calls go to
     # (their affinity), so different requests spread over an upstream pool.
-    rid = new_id(endpoint.id_prefix)
+    rid = endpoint.new_id()
     prep = state.service.prepare(req, task_id=rid)
     call = Call(endpoint, prep, ResponseHead.new(endpoint, req.model, prep.reply, rid), state)
     if req.stream:
@@ -79,8 +79,9 @@ async def stream(call: Call, include_usage: bool) -> AsyncIterator[str]:
     status = "ok"
     chunks = stream_chunks(call.endpoint, call.head, call.prep, call.state.service,
                            include_usage=include_usage)
+    events, on_error = call.endpoint.streamed(call.head, chunks)
     try:
-        async for event in sse(chunks):
+        async for event in sse(events, on_error):
             yield event
     except BaseException:
         status = "aborted"

@@ -48,7 +48,7 @@ from refinery.engine.run import EXHAUSTED, ChoiceListener, ChoiceSink, Solver, s
 from refinery.engine.trace import Trace
 from refinery.engine.types import Attempt, Message, SamplingParams, Task, Usage
 from refinery.serving import optillm
-from refinery.serving.config import ServerConfig
+from refinery.serving.config import EffortLevel, ServerConfig
 from refinery.serving.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -136,28 +136,45 @@ class Service:
     # -- preparation --------------------------------------------------------------------
 
     def resolve_spec(self, model_field: str, override: str | None = None,
-                     approach: str | None = None) -> str | None:
-        """The strategy spec a request asks for (None = passthrough).
+                     approach: str | None = None,
+                     effort: str | None = None) -> tuple[str | None, EffortLevel | None]:
+        """The strategy spec a request asks for (None = passthrough), and the effort
+        level that chose it (None: something else did).
 
         ``model_field`` is ``SPEC@MODEL``, ``PRESET@MODEL``, OptiLLM's
         ``APPROACH-MODEL`` or the served model; ``approach`` is OptiLLM's
         ``optillm_approach`` and ``override`` ``refinery.strategy``, which wins
-        over both. OptiLLM's ``none`` is passthrough even with a default strategy.
+        over both. Only when none of them names a strategy does ``effort`` (a
+        ``reasoning_effort`` level) pick one, then the server's default strategy.
+        OptiLLM's ``none`` is passthrough even with a default strategy or an effort.
         """
         spec = self.spec_in_model(model_field)
         if approach is not None and approach.strip() != optillm.AUTO:
             spec = optillm.spec_of(approach, param="optillm_approach")
         spec = override or spec
         if spec == optillm.PASSTHROUGH:
-            return None
+            return None, None
+        level = self.effort_level(effort) if not spec and effort is not None else None
+        if level is not None:
+            spec = level.spec
+            if spec is None:
+                return None, level
         spec = spec or self.config.default_strategy
         if not spec:
-            return None
+            return None, None
         if len(spec) > MAX_SPEC_CHARS:
             # Before the preset lookup strips it: "cot" + 100 kB of spaces is no preset.
             raise SpecError(f"strategy spec of {len(spec)} characters is longer than "
                             f"{MAX_SPEC_CHARS} characters", param="strategy")
-        return self.config.presets.get(spec.strip(), spec)
+        return self.config.presets.get(spec.strip(), spec), level
+
+    def effort_level(self, effort: str) -> EffortLevel:
+        level = self.config.effort.get(effort)
+        if level is None:
+            raise InvalidRequestError(f"reasoning_effort {effort!r} is not mapped on this "
+                                      f"server (mapped: {', '.join(self.config.effort)})",
+                                      param="reasoning_effort")
+        return level
 
     def spec_in_model(self, model_field: str) -> str | None:
         """The spec the model field names: ``SPEC@`` or an OptiLLM prefix (None: none).
@@ -189,7 +206,8 @@ class Service:
         (``task_id``: the request's id, which its trace and calls carry)."""
         backend = self.require_backend()
         opts = req.refinery or RefineryOptions()
-        spec = self.resolve_spec(req.model, opts.strategy, req.optillm_approach)
+        spec, level = self.resolve_spec(req.model, opts.strategy, req.optillm_approach,
+                                        req.reasoning_effort)
         strategy, canonical = self.build(spec)
         out = output_of(req)
         if out.constraint is not None:
@@ -205,7 +223,8 @@ class Service:
         policy = opts.loop_policy or ("off" if spec is None else self.config.loop_policy)
         params = self.sampling(req, max_tokens, out, passthrough=spec is None)
         return Prepared(strategy=strategy, spec=canonical, task=Task(id=task_id, messages=messages),
-                        params=params, budget=self.budget(opts.budget), n=req.n,
+                        params=params, n=req.n,
+                        budget=self.budget(opts.budget, level.max_tokens if level else None),
                         loop_policy=policy, trace_mode=opts.trace, reply=out.reply,
                         final_constraint=None if spec is None else out.constraint)
 
@@ -231,12 +250,15 @@ class Service:
             logprobs=out.logprobs, top_logprobs=out.top_logprobs,
             constraint=out.constraint if passthrough else None)
 
-    def budget(self, asked: RefineryBudget | None) -> Budget:
-        """The request's budget: the server's caps, lowered where the request asks."""
+    def budget(self, asked: RefineryBudget | None, effort_tokens: int | None = None) -> Budget:
+        """The request's budget: the server's caps, lowered where the request asks (or,
+        for tokens it does not set, to its effort level's budget)."""
         cfg = self.config
         caps = {"max_tokens": cfg.max_request_tokens, "max_calls": cfg.max_request_calls,
                 "max_seconds": cfg.max_request_seconds}
         out = dict(caps)
+        if effort_tokens is not None:
+            out["max_tokens"] = min(effort_tokens, cfg.max_request_tokens)
         for key, cap in caps.items():
             value = getattr(asked, key) if asked is not None else None
             if value is None:

@@ -34,7 +34,14 @@ from refinery.engine.context import DeltaSink
 from refinery.engine.errors import RefineryError
 from refinery.engine.trace import TraceEvent
 from refinery.engine.types import Completion, Delta, TokenLogprob
-from refinery.serving.endpoints import Endpoint, ResponseHead, answer, refinery_info, usage_info
+from refinery.serving.endpoints import (
+    Endpoint,
+    OnError,
+    ResponseHead,
+    answer,
+    refinery_info,
+    usage_info,
+)
 from refinery.serving.errors import openai_error
 from refinery.serving.service import Outcome, Prepared, Service
 
@@ -46,8 +53,10 @@ CANCELLED_INSIDE = {"error": {"message": "the request was cancelled inside the e
                               "type": "server_error", "param": None, "code": None}}
 
 
-async def sse(chunks: AsyncIterator[BaseModel | str]) -> AsyncIterator[str]:
-    """``chunks`` as SSE events: an error chunk if they fail, ``[DONE]`` always last."""
+async def sse(chunks: AsyncIterator[BaseModel | str],
+              on_error: OnError | None = None) -> AsyncIterator[str]:
+    """``chunks`` as SSE events: an error chunk if they fail (or the events
+    ``on_error`` gives for the failure), ``[DONE]`` always last."""
     try:
         async for chunk in chunks:
             if isinstance(chunk, str):
@@ -65,7 +74,11 @@ async def sse(chunks: AsyncIterator[BaseModel | str]) -> AsyncIterator[str]:
     except Exception as exc:  # the stream has begun: an error chunk is all we can send
         if not isinstance(exc, RefineryError):
             log.exception("stream failed")
-        yield f"data: {openai_error(exc)[1].model_dump_json()}\n\n"
+        if on_error is not None:
+            for event in on_error(exc):
+                yield event
+        else:
+            yield f"data: {openai_error(exc)[1].model_dump_json()}\n\n"
     yield DONE
 
 

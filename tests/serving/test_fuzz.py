@@ -47,6 +47,7 @@ from refinery.serving.protocol import (
     CompletionResponse,
     ModelList,
 )
+from refinery.serving.responses_protocol import ResponseEvent, ResponseObject
 from tests.conftest import repeat
 from tests.serving.conftest import assert_openai_error
 
@@ -63,6 +64,9 @@ PLAN = {
                                        GenerationMode.NEGATIVE: NEGATIVE},
     ("POST", "/v1/completions"): {GenerationMode.POSITIVE: POSITIVE,
                                   GenerationMode.NEGATIVE: NEGATIVE},
+    ("POST", "/v1/responses"): {GenerationMode.POSITIVE: POSITIVE // 2,
+                                GenerationMode.NEGATIVE: NEGATIVE // 2},
+    ("GET", "/v1/responses/{response_id}"): {GenerationMode.POSITIVE: 10},
     ("GET", "/v1/models"): {GenerationMode.POSITIVE: 20},
     ("GET", "/health"): {GenerationMode.POSITIVE: 20},
     ("GET", "/metrics"): {GenerationMode.POSITIVE: 20},
@@ -104,6 +108,9 @@ def check_answer(method: str, path: str, body: Any, resp: schemathesis.Response)
         ids = [m.id for m in ModelList.model_validate(resp.json()).data]
         assert ids[0] == MODEL
         return
+    if path == "/v1/responses":
+        check_response(resp)
+        return
     chat = path == "/v1/chat/completions"
     # Lax validation turns "2" or 2.0 into 2: count choices as the server read n.
     n = int(body.get("n", 1)) if isinstance(body, dict) else 1
@@ -123,6 +130,21 @@ def check_answer(method: str, path: str, body: Any, resp: schemathesis.Response)
     assert [c.index for c in parsed.choices] == list(range(n))
     u = parsed.usage
     assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+
+
+def check_response(resp: schemathesis.Response) -> None:
+    """A 200 from ``POST /v1/responses``: a whole response, or events ending in ``[DONE]``."""
+    content_type = resp.headers.get("content-type") or [""]
+    if not content_type[0].startswith("text/event-stream"):
+        assert ResponseObject.model_validate(resp.json()).status in ("completed", "incomplete")
+        return
+    events = sse_events(resp.text)
+    assert events and events[-1] == "[DONE]", resp.text[-300:]
+    parsed = [ResponseEvent.model_validate(ev) for ev in events[:-1]]
+    assert parsed[0].type == "response.created"
+    assert [e.sequence_number for e in parsed] == list(range(len(parsed)))
+    assert parsed[-1].type in ("response.completed", "response.incomplete",
+                               "response.failed", "error")
 
 
 def make_case_test(op: Any, mode: GenerationMode, examples: int, label: str,

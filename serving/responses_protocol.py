@@ -1,0 +1,242 @@
+"""The OpenAI Responses API's request, response and stream event schemas (pydantic
+models only).
+
+Fields follow OpenAI's. Unknown request fields are accepted and ignored, as on
+the chat route; refinery's own extensions sit in one marked block. Responses are
+not stored: ``store`` is accepted and answered ``false``, ``previous_response_id``
+and ``background`` are refused (serving/responses.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from refinery.serving.protocol import (
+    OPTILLM_APPROACH,
+    Effort,
+    JsonSchemaFormat,
+    OpenAIBase,
+    RefineryInfo,
+    RefineryOptions,
+    unicode_text,
+)
+
+# -- requests ----------------------------------------------------------------------------
+
+
+class InputContent(OpenAIBase):
+    """A part of an input message: ``input_text`` (or an earlier ``output_text``)."""
+
+    type: str
+    text: str | None = None
+
+    _text = field_validator("text")(unicode_text)
+
+
+class InputItem(OpenAIBase):
+    """One item of ``input``: a message (``type`` ``message`` or absent), a function
+    call the model made earlier, or its output; ``reasoning`` items are skipped."""
+
+    type: str = "message"
+    role: Literal["system", "developer", "user", "assistant"] | None = None
+    content: str | list[InputContent] | None = None
+    call_id: str | None = None  # function_call, function_call_output
+    name: str | None = None  # function_call
+    arguments: str | None = None  # function_call
+    output: str | None = None  # function_call_output
+
+    _text = field_validator("content", "name", "arguments", "output", "call_id")(unicode_text)
+
+
+class TextFormat(JsonSchemaFormat):
+    """``text.format``: ``text``, ``json_object``, or ``json_schema`` with its schema
+    inline (name, schema, strict), not nested as in chat's ``response_format``."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None  # type: ignore[assignment]  # json_schema only
+
+
+class TextOptions(OpenAIBase):
+    format: TextFormat | None = None
+
+
+class FunctionTool(OpenAIBase):
+    """A function tool, flat as the Responses API has it (chat nests it in ``function``)."""
+
+    type: str
+    name: str | None = Field(None, min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    _text = field_validator("name", "description", "parameters")(unicode_text)
+
+
+class FunctionChoice(OpenAIBase):
+    type: Literal["function"]
+    name: str
+
+
+class ReasoningOptions(OpenAIBase):
+    effort: Effort | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+class ResponsesRequest(OpenAIBase):
+    model: str
+    input: str | list[InputItem]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stream: bool = False
+    text: TextOptions | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning: ReasoningOptions | None = None
+    store: bool | None = Field(None, description="Accepted; responses are never stored.")
+    previous_response_id: str | None = Field(None, description="Refused: nothing is stored.")
+    background: bool | None = Field(None, description="Refused when true.")
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    # -- refinery extensions -----------------------------------------------------------
+    refinery: RefineryOptions | None = Field(
+        None, description="Strategy, budget and trace options (send via extra_body).")
+    optillm_approach: str | None = Field(None, description=OPTILLM_APPROACH)
+
+    _text = field_validator("model", "input", "instructions", "optillm_approach")(unicode_text)
+
+
+# -- responses ---------------------------------------------------------------------------
+
+
+class OutputText(BaseModel):
+    type: Literal["output_text"] = "output_text"
+    text: str = ""
+    annotations: list[Any] = Field(default_factory=list)
+
+
+class SummaryText(BaseModel):
+    type: Literal["summary_text"] = "summary_text"
+    text: str = ""
+
+
+class MessageItem(BaseModel):
+    type: Literal["message"] = "message"
+    id: str
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+    role: Literal["assistant"] = "assistant"
+    content: list[OutputText] = Field(default_factory=list)
+
+
+class ReasoningItem(BaseModel):
+    """A strategy's steps: each step one summary text (refinery shows no raw thoughts)."""
+
+    type: Literal["reasoning"] = "reasoning"
+    id: str
+    summary: list[SummaryText] = Field(default_factory=list)
+    status: Literal["in_progress", "completed"] = "completed"
+
+
+class FunctionCallItem(BaseModel):
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str = ""
+    status: Literal["in_progress", "completed", "incomplete"] = "completed"
+
+
+OutputItem = MessageItem | ReasoningItem | FunctionCallItem
+
+
+class InputTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class OutputTokensDetails(BaseModel):
+    reasoning_tokens: int = Field(
+        0, description="Generated tokens that are not the answer's (0 on passthrough).")
+
+
+class ResponseUsage(BaseModel):
+    input_tokens: int = 0
+    input_tokens_details: InputTokensDetails = Field(default_factory=InputTokensDetails)
+    output_tokens: int = 0
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int = 0
+
+
+class ResponseError(BaseModel):
+    code: str
+    message: str
+
+
+class IncompleteDetails(BaseModel):
+    reason: Literal["max_output_tokens", "content_filter"]
+
+
+class ResponseObject(BaseModel):
+    """The response, whole, and as ``response.*`` events carry it."""
+
+    model_config = ConfigDict(ser_json_inf_nan="null")
+
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    status: Literal["completed", "incomplete", "failed", "in_progress"] = "completed"
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    model: str
+    output: list[OutputItem] = Field(default_factory=list)
+    parallel_tool_calls: bool = True
+    previous_response_id: None = None
+    reasoning: ReasoningOptions = Field(default_factory=ReasoningOptions)
+    store: bool = False
+    temperature: float | None = None
+    text: dict[str, Any] = Field(default_factory=lambda: {"format": {"type": "text"}})
+    tool_choice: Any = "auto"
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    top_p: float | None = None
+    truncation: Literal["disabled"] = "disabled"
+    usage: ResponseUsage | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    user: str | None = None
+    # -- refinery extensions -----------------------------------------------------------
+    refinery: RefineryInfo | None = None
+
+
+# -- stream events -----------------------------------------------------------------------
+
+
+class ResponseEvent(BaseModel):
+    """One event of a streamed response; ``type`` names it (also the SSE ``event:``).
+
+    The fields each type carries are OpenAI's: ``response`` on ``response.*``
+    lifecycle events, ``item`` on output item events, ``part`` on content and
+    summary part events, ``delta`` / ``text`` / ``arguments`` on the rest.
+    """
+
+    type: str
+    sequence_number: int
+    response: ResponseObject | None = None
+    output_index: int | None = None
+    item: OutputItem | None = None
+    item_id: str | None = None
+    content_index: int | None = None
+    summary_index: int | None = None
+    part: OutputText | SummaryText | None = None
+    delta: str | None = None
+    text: str | None = None
+    arguments: str | None = None
+    name: str | None = None
+    logprobs: list[Any] | None = None
+    # the ``error`` event
+    code: str | None = None
+    message: str | None = None
+    param: str | None = None
