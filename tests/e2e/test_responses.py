@@ -1,0 +1,101 @@
+"""The Responses API on the real engine, through ``refinery serve`` (real uvicorn on
+loopback) and the official ``openai`` SDK: passthrough and under a strategy, whole and
+streamed, ``responses.parse`` with a pydantic model, a named function tool, an effort
+level running its strategy, and bad input refused before any engine call."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from refinery.engine.models import DEFAULT_MODEL
+from refinery.serving import ServerConfig
+from refinery.serving.config import DEFAULT_EFFORT
+from tests.serving.conftest import CountingBackend
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+MODEL = DEFAULT_MODEL
+Q = "What is 2+2? Answer briefly."
+WEATHER = {"type": "object",
+           "properties": {"city": {"type": "string", "maxLength": 30},
+                          "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+           "required": ["city", "unit"], "additionalProperties": False}
+TOOL = {"type": "function", "name": "get_weather",
+        "description": "The current weather of a city.", "parameters": WEATHER}
+
+
+class Sum(BaseModel):
+    answer: int = Field(ge=0, le=1000)
+
+
+def aclient(url: str) -> openai.AsyncOpenAI:
+    # The server shares this event loop: only an async client may talk to it.
+    return openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0,
+                              timeout=600)
+
+
+async def streamed(api: openai.AsyncOpenAI, **kw) -> list:
+    return [ev async for ev in await api.responses.create(stream=True, **kw)]
+
+
+async def test_the_official_client_creates_streams_parses_and_calls(server_url):
+    api = aclient(server_url)
+    greedy = {"input": Q, "temperature": 0, "max_output_tokens": 24}
+    plain, chat, strategy, events, parsed, call, high = await asyncio.gather(
+        api.responses.create(model=MODEL, **greedy),
+        api.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": Q}],
+                                    temperature=0, max_tokens=24),
+        api.responses.create(model=f"sc(cot, n=2)@{MODEL}", input=Q, max_output_tokens=64),
+        streamed(api, model=f"sc(cot, n=2)@{MODEL}", input=Q, max_output_tokens=64),
+        api.responses.parse(model=MODEL, input=Q, text_format=Sum),
+        api.responses.create(model=MODEL, input="What is the weather like in Paris today?",
+                             tools=[TOOL], tool_choice={"type": "function",
+                                                        "name": "get_weather"}),
+        api.responses.create(model=MODEL, input=Q, max_output_tokens=32,
+                             reasoning={"effort": "high"}))
+    # Passthrough is the chat call the request means: the same greedy text and tokens.
+    assert plain.output_text == chat.choices[0].message.content and plain.output_text
+    assert plain.usage.output_tokens == chat.usage.completion_tokens
+    assert [i.type for i in plain.output] == ["message"]
+    # Under a strategy: its steps as a reasoning item, then the answer.
+    assert [i.type for i in strategy.output] == ["reasoning", "message"]
+    assert strategy.output[0].summary and strategy.output_text
+    assert strategy.usage.output_tokens_details.reasoning_tokens > 0
+    done = events[-1]
+    assert [events[0].type, events[1].type, done.type] == [
+        "response.created", "response.in_progress", "response.completed"]
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert text == done.response.output_text and text
+    assert any(e.type == "response.reasoning_summary_text.delta" for e in events)
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert isinstance(parsed.output_parsed, Sum)
+    [fc] = call.output
+    assert fc.type == "function_call" and fc.name == "get_weather"
+    assert set(json.loads(fc.arguments)) == {"city", "unit"}
+    assert high.model_extra["refinery"]["strategy"] == DEFAULT_EFFORT["high"].spec
+
+
+@pytest.fixture(scope="module")
+async def counted(serve, vllm_backend) -> tuple[str, CountingBackend]:
+    backend = CountingBackend(vllm_backend)
+    return await serve(ServerConfig(), backend=backend), backend
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0"),
+    ({"text": {"format": {"type": "json_schema", "name": "x",
+                          "schema": {"type": "objekt"}}}}, "text.format"),
+    ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+])
+async def test_bad_input_is_an_openai_error_without_an_engine_call(counted, fields, param):
+    url, backend = counted
+    before = backend.calls
+    with pytest.raises(openai.BadRequestError) as exc:
+        await aclient(url).responses.create(model=MODEL, input=Q, extra_body=fields)
+    assert exc.value.status_code == 400 and exc.value.body["param"].startswith(param)
+    assert backend.calls == before
