@@ -33,11 +33,15 @@ from refinery.distill.schema import (
     PairRow,
     PromptCompletionRow,
     Provenance,
+    StepwiseProvenance,
+    StepwiseRow,
     read_rows,
     validate_pair_row,
     validate_sft_row,
+    validate_stepwise_row,
     write_rows,
 )
+from refinery.distill.stepwise import StepwiseStats, build_stepwise
 from refinery.distill.train import (
     TRAIN_RECORD,
     TrainConfig,
@@ -62,11 +66,15 @@ __all__ = [
     "PromptCompletionRow",
     "Provenance",
     "RoundReport",
+    "StepwiseProvenance",
+    "StepwiseRow",
+    "StepwiseStats",
     "TrainConfig",
     "TrainResult",
     "arith_solution",
     "build",
     "build_rows",
+    "build_stepwise",
     "clean_solution",
     "expand_weights",
     "gold_sft_rows",
@@ -79,5 +87,6 @@ __all__ = [
     "train",
     "validate_pair_row",
     "validate_sft_row",
+    "validate_stepwise_row",
     "write_rows",
 ]

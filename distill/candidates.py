@@ -35,7 +35,8 @@ from refinery.strategies.cot import INSTRUCTION as COT_INSTRUCTION
 from refinery.verifiers.math import extract_boxed
 
 __all__ = ["SOLUTION_STEPS", "BuildStats", "Candidate", "Problem", "clean_solution",
-           "load_candidates", "normalized"]
+           "gold_of", "load_candidates", "normalized", "question_of", "read_results",
+           "run_files"]
 
 SOLUTION_STEPS = frozenset({"draft", "refine", "loop_retry"})
 """Generation steps whose output is a full solution of the task."""
@@ -192,7 +193,7 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
 
 
-def _run_files(run: Path) -> tuple[Path | None, Path | None, dict[str, Any]]:
+def run_files(run: Path) -> tuple[Path | None, Path | None, dict[str, Any]]:
     """(traces, results, config) of a run directory, or of a traces/results JSONL file."""
     if run.is_dir():
         traces, results = run / "traces.jsonl", run / "results.jsonl"
@@ -211,7 +212,8 @@ def _run_files(run: Path) -> tuple[Path | None, Path | None, dict[str, Any]]:
     return traces_p, results_p, cfg
 
 
-def _read_results(path: Path) -> dict[str, dict[str, Any]]:
+def read_results(path: Path) -> dict[str, dict[str, Any]]:
+    """A run's result lines by problem id (a torn or non-JSON line skipped)."""
     rows: dict[str, dict[str, Any]] = {}
     with open(path, encoding="utf-8") as f:
         for line in f:
@@ -226,7 +228,7 @@ def _read_results(path: Path) -> dict[str, dict[str, Any]]:
     return rows
 
 
-def _question_of(row: dict[str, Any] | None, trace: Trace | None) -> str | None:
+def question_of(row: dict[str, Any] | None, trace: Trace | None) -> str | None:
     """The task question: as the trace recorded it, else the result line's prompt,
     else (traces written before the task was recorded) recovered from the request."""
     if trace is not None and trace.task is not None:
@@ -248,7 +250,7 @@ def _prompt_from_draft(trace: Trace) -> str | None:
     return None
 
 
-def _gold_of(row: dict[str, Any] | None, trace: Trace | None) -> str | None:
+def gold_of(row: dict[str, Any] | None, trace: Trace | None) -> str | None:
     """The gold answer from the result line, else from the trace's task record."""
     if row is not None and row.get("gold") not in (None, ""):
         return str(row["gold"])
@@ -312,8 +314,8 @@ def load_candidates(runs: Sequence[str | Path]) -> tuple[list[Problem], BuildSta
     problems: dict[str, Problem] = {}
     for run_path in runs:
         run = Path(run_path)
-        traces_p, results_p, cfg = _run_files(run)
-        results = _read_results(results_p) if results_p else {}
+        traces_p, results_p, cfg = run_files(run)
+        results = read_results(results_p) if results_p else {}
         ds = cfg.get("dataset") or {}
         cfg_verifier = ds.get("verifier") if isinstance(ds, dict) else None
         traces = read_traces(traces_p) if traces_p else []
@@ -326,7 +328,7 @@ def load_candidates(runs: Sequence[str | Path]) -> tuple[list[Problem], BuildSta
         for row, trace in items:
             info = row or {}
             pid = trace.task_id if trace is not None else str(info["id"])
-            prompt = _question_of(row, trace)
+            prompt = question_of(row, trace)
             if not prompt:
                 continue
             run_strategy = ((trace.strategy if trace else "") or info.get("strategy")
@@ -352,7 +354,7 @@ def load_candidates(runs: Sequence[str | Path]) -> tuple[list[Problem], BuildSta
                     key=key, prompt=prompt, problem_id=pid, dataset=dataset,
                     level=info.get("level"), verifier_name=vname)
             if prob.gold is None:
-                prob.gold = _gold_of(row, trace)
+                prob.gold = gold_of(row, trace)
             prob.runs.add(str(run))
             prob.candidates += cands
             prob.graphs[f"{run}::{pid}"] = g

@@ -48,8 +48,10 @@ class SFTFormatKind(str, Enum):
 @distill_app.command("build")
 def build_cmd(
     runs: list[str] = typer.Option(..., "--runs", help="eval run directory (repeatable)"),
-    sft: str = typer.Option(..., help="output SFT JSONL"),
+    sft: str = typer.Option(None, help="output SFT JSONL"),
     pairs: str = typer.Option(None, help="output preference-pair JSONL"),
+    prm: str = typer.Option(None, help="output stepwise-supervision JSONL (PRM data) from "
+                                       "step-search runs (beam, dvts, particle)"),
     format: SFTFormatKind = typer.Option(SFTFormatKind.messages,  # noqa: A002 - CLI name
                                          help="SFT row form (TRL conversational)"),
     cot_instruction: bool = typer.Option(
@@ -62,7 +64,16 @@ def build_cmd(
     explicit_answer: bool = typer.Option(
         True, help="require a stated final answer (boxed, ####, 'the answer is')"),
 ) -> None:
-    """Select verified solutions and preference pairs from eval runs (traces + results)."""
+    """Select verified solutions and preference pairs from eval runs (traces + results);
+    with --prm, a step search's scored steps, labelled by the outcomes below each."""
+    if sft is None and prm is None:
+        fail("pass --sft (and --pairs), --prm, or both", USAGE)
+    if sft is None and pairs is not None:  # refused before anything is written
+        fail("--pairs comes with --sft", USAGE)
+    if prm is not None:
+        build_prm_rows(runs, prm)
+    if sft is None:
+        return
     from refinery.distill.dataset import build
 
     if cot_instruction and instruction:
@@ -85,6 +96,21 @@ def build_cmd(
                            f"({stats.pairs_skipped_length} skipped for length)" if pairs else ""))
     if stats.sft_rows == 0:
         fail("no verified SFT rows: every problem lacked a clean passing attempt", USAGE)
+
+
+def build_prm_rows(runs: list[str], out: str) -> None:
+    """``--prm``: the runs' stepwise rows written to ``out``, or the error said."""
+    from refinery.distill.stepwise import build_stepwise
+
+    try:
+        stats = build_stepwise(runs, out)
+    except RefineryError as exc:
+        fail(exc)
+    typer.echo(f"{stats.traces} traces, {stats.searched} of a step search "
+               f"({stats.without_gold} without gold); wrote {stats.rows} stepwise rows to "
+               f"{out}: {stats.right_steps} steps labelled right, {stats.wrong_steps} wrong")
+    if stats.rows == 0:
+        fail("no stepwise rows: no search path finished on a problem with gold", USAGE)
 
 
 @distill_app.command("train")

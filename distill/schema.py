@@ -5,7 +5,10 @@ Rows follow TRL's conversational dataset formats:
 - SFT, ``messages``: ``{"messages": [user, assistant], "metadata": {...}}``;
 - SFT, ``prompt``/``completion``: ``{"prompt": [user], "completion": [assistant], ...}``
   (TRL then computes the loss on the completion only);
-- preference: ``{"prompt": [user], "chosen": [assistant], "rejected": [assistant], ...}``.
+- preference: ``{"prompt": [user], "chosen": [assistant], "rejected": [assistant], ...}``;
+- stepwise supervision (a process reward model's data, TRL's ``PRMTrainer``):
+  ``{"prompt": "...", "completions": ["step", ...], "labels": [true, ...], ...}``,
+  in TRL's standard (string) form, the only one it takes for this type.
 
 Every row carries its provenance in ``metadata`` (source run, strategy, step,
 iteration, verifier, model, problem id, weight). Each file holds one row type
@@ -49,11 +52,14 @@ __all__ = [
     "PromptCompletionRow",
     "Provenance",
     "SFTFormat",
+    "StepwiseProvenance",
+    "StepwiseRow",
     "example_provenance",
     "read_rows",
     "scaffold_leak",
     "validate_pair_row",
     "validate_sft_row",
+    "validate_stepwise_row",
     "write_rows",
 ]
 
@@ -225,6 +231,54 @@ class PairRow(BaseModel):
         return self
 
 
+class StepwiseProvenance(BaseModel):
+    """Where a stepwise row came from: the search that grew the path, the path's answer
+    and whether it is the gold one, and the step scorer's score of each step (None
+    where the search did not score it: the step that completed the best path)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source_run: str
+    problem_id: str
+    dataset: str | None = None
+    strategy: str
+    model: str = ""
+    answer: str | None = None
+    correct: bool
+    scores: list[float | None]
+    labels_from: Literal["outcome_tree"] = "outcome_tree"
+
+
+class StepwiseRow(BaseModel):
+    """Stepwise-supervision row: a prompt, a solution's steps, a label per step.
+
+    Example:
+        >>> StepwiseRow(prompt="2+3*4?", completions=["3*4 = 12", "2+12 = 14. \\boxed{14}"],
+        ...             labels=[True, True], metadata={
+        ...                 "source_run": "runs/beam", "problem_id": "q1", "strategy": "beam",
+        ...                 "correct": True, "scores": [1.0, 1.0]}).labels
+        [True, True]
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt: str = Field(min_length=1)
+    completions: list[str] = Field(min_length=1)
+    labels: list[bool]
+    metadata: StepwiseProvenance
+
+    @model_validator(mode="after")
+    def _shape(self) -> StepwiseRow:
+        if len(self.labels) != len(self.completions) or len(
+                self.metadata.scores) != len(self.completions):
+            raise ValueError("a stepwise row needs one label and one score per step")
+        for step in self.completions:
+            leak = scaffold_leak(step)
+            if not step.strip() or leak:
+                raise ValueError(f"a step is empty or holds scaffolding ({leak or 'empty'})")
+        return self
+
+
 SFTRow = MessagesRow | PromptCompletionRow
 
 
@@ -267,8 +321,24 @@ def validate_pair_row(row: dict[str, Any] | PairRow) -> PairRow:
     return PairRow.model_validate(row)
 
 
+def validate_stepwise_row(row: dict[str, Any] | StepwiseRow) -> StepwiseRow:
+    """Validate one stepwise-supervision row.
+
+    Raises:
+        pydantic.ValidationError: the row is not a valid stepwise row.
+    """
+    if isinstance(row, StepwiseRow):
+        row = row.model_dump()
+    return StepwiseRow.model_validate(row)
+
+
+RowKind = Literal["sft", "pair", "stepwise"]
+_VALIDATORS = {"sft": validate_sft_row, "pair": validate_pair_row,
+               "stepwise": validate_stepwise_row}
+
+
 def write_rows(path: str | os.PathLike[str], rows: Iterable[BaseModel | dict[str, Any]],
-               kind: Literal["sft", "pair"]) -> int:
+               kind: RowKind) -> int:
     """Validate every row, then write them as JSONL atomically (temp file + rename).
 
     Returns the number of rows written. A crash leaves the old file (or none),
@@ -277,7 +347,7 @@ def write_rows(path: str | os.PathLike[str], rows: Iterable[BaseModel | dict[str
     Raises:
         pydantic.ValidationError: a row is invalid (nothing is written).
     """
-    validate = validate_sft_row if kind == "sft" else validate_pair_row
+    validate = _VALIDATORS[kind]
     lines = [validate(r).model_dump_json() + "\n" for r in rows]
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -294,8 +364,8 @@ def write_rows(path: str | os.PathLike[str], rows: Iterable[BaseModel | dict[str
     return len(lines)
 
 
-def read_rows(path: str | os.PathLike[str], kind: Literal["sft", "pair"]) -> list[Any]:
-    """Read and validate a JSONL of SFT or preference rows.
+def read_rows(path: str | os.PathLike[str], kind: RowKind) -> list[Any]:
+    """Read and validate a JSONL of SFT, preference or stepwise rows.
 
     Raises:
         DistillError: missing file, bad JSON, an invalid row (with its line), or no rows.
@@ -303,7 +373,7 @@ def read_rows(path: str | os.PathLike[str], kind: Literal["sft", "pair"]) -> lis
     p = Path(path)
     if not p.is_file():
         raise DistillError(f"{p} does not exist (build it with `refinery distill build`)")
-    validate = validate_sft_row if kind == "sft" else validate_pair_row
+    validate = _VALIDATORS[kind]
     rows = []
     with open(p, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
