@@ -1,17 +1,23 @@
 """Web page load: the largest trace the explorer draws, and what drawing it costs others.
 
 Writes a run directory whose trace has ``MAX_EVENTS`` events (chains of 50 calls,
-each with ``--samples`` outputs of ``--text`` characters), serves it with
-``refinery ui`` as a subprocess on 127.0.0.1, and measures:
+each with ``--samples`` outputs of ``--text`` characters) and serves it with the
+page's app (``refinery ui``'s) in two subprocesses on 127.0.0.1, side by side:
 
-- the render time of that trace's page (median of ``--renders`` loads, after one
-  that builds the traces index);
+- ``process``: trace pages drawn in the worker process (the default);
+- ``thread``: drawn in the server's own threads (``draw_in_process=False``).
+
+For each, in mirrored rounds (process, thread, thread, process, ...):
+
+- the render time of that trace's page (after one load that starts the worker
+  and builds the traces index);
 - a static file's latency alone, and while the trace is being drawn (requests
   one after another from a second client): median and worst, and the worst
   delay as a fraction of the render time (1.0 would mean the static request
-  waited for the whole drawing, as on a blocked event loop).
+  waited for the whole drawing, as on a blocked event loop). The bound is a
+  worst delay of 100 ms.
 
-    python bench/ui_load.py [--samples 4] [--text 200] [--renders 3]
+    python bench/ui_load.py [--samples 4] [--text 200] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -25,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -62,10 +67,21 @@ def write_run(root: Path, samples: int, text: int) -> str:
     return "/ui/trace?run=big&task=big"
 
 
-def start(runs: Path) -> tuple[subprocess.Popen, str]:
+def serve(runs: str, port: str, mode: str) -> None:
+    """The server side (``--serve``): the page's app over ``runs`` as ``refinery ui``
+    serves it, with trace pages drawn as ``mode`` says."""
+    import uvicorn
+
+    from refinery.ui import UISettings, create_ui_app
+
+    settings = UISettings(runs=Path(runs), draw_in_process=mode == "process")
+    uvicorn.run(create_ui_app(settings), host="127.0.0.1", port=int(port), log_level="warning")
+
+
+def start(runs: Path, mode: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([str(BIN / "refinery"), "ui", "--runs", str(runs), "--port",
-                             str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(runs), str(port), mode],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -76,7 +92,22 @@ def start(runs: Path) -> tuple[subprocess.Popen, str]:
         except httpx.HTTPError:
             time.sleep(0.2)
     proc.kill()
-    raise SystemExit("refinery ui did not start")
+    raise SystemExit(f"the {mode} server did not start")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the server alone: its shutdown must end its drawing process too."""
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10  # multiprocessing's resource tracker exits just after
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(proc.pid, 0)  # anything left of its session's group?
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.killpg(proc.pid, signal.SIGKILL)
+    print(f"warning: processes of the server (pid {proc.pid}) outlived it by 10 s")
 
 
 def timed_get(client: httpx.Client, path: str) -> tuple[float, httpx.Response]:
@@ -92,59 +123,113 @@ def static_alone(url: str, n: int = 50) -> list[float]:
 
 
 def static_during(url: str, page: str) -> tuple[float, list[float]]:
-    """The render time of ``page`` and the static latencies measured meanwhile."""
-    done, waits = threading.Event(), []
+    """The render time of ``page`` and the static latencies measured meanwhile.
 
-    def probe() -> None:
+    The page is fetched by a process of its own (``--fetch``): read in this one, its
+    10 MB would contend for this process's GIL with the probes, and their delays
+    would be the bench's, not the server's.
+    """
+    fetch = subprocess.Popen([sys.executable, __file__, "--fetch", url + page],
+                             stdout=subprocess.PIPE, text=True)
+    waits = []
+    try:
+        assert fetch.stdout.readline().strip() == "asking"
         with httpx.Client(base_url=url, timeout=60) as h:
-            while not done.is_set():
+            while fetch.poll() is None:
                 waits.append(timed_get(h, STATIC)[0])
                 time.sleep(0.01)
-
-    prober = threading.Thread(target=probe)
-    with httpx.Client(base_url=url, timeout=300) as h:
-        prober.start()
-        try:
-            seconds, _ = timed_get(h, page)
-        finally:
-            done.set()
-            prober.join()
+        seconds = float(fetch.stdout.read())
+    finally:
+        fetch.kill()
+        fetch.wait()
     return seconds, waits
+
+
+def fetch(address: str) -> None:
+    """The fetching side (``--fetch``): says when it asks, then how long the page took."""
+    with httpx.Client(timeout=300) as h:
+        print("asking", flush=True)
+        seconds, _ = timed_get(h, address)
+    print(seconds, flush=True)
+
+
+def cpu() -> str:
+    """The CPU as docs/benchmarks.md names it: lscpu's model and the flags that matter."""
+    info = Path("/proc/cpuinfo").read_text()
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
+                  if ln.startswith("model name")), "?")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines()
+                      if ln.startswith("flags")), []))
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if f in flags]
+    return f"{model}, {os.cpu_count()} cores, {', '.join(shown) or 'no AVX2'}"
+
+
+def one_round(url: str, page: str, into: dict[str, list[float]]) -> None:
+    """One round of a side: the page alone, the page with static probes, static alone."""
+    with httpx.Client(base_url=url, timeout=300) as h:
+        into["render"].append(timed_get(h, page)[0])
+    seconds, waits = static_during(url, page)
+    into["render"].append(seconds)
+    into["during"] += waits
+    # As many alone, right after: the machine's own floor for that many requests (on a
+    # shared or virtual machine, the worst of a few hundred is the host's, not ours).
+    into["alone"] += static_alone(url, len(waits))
+
+
+def spread(seconds: list[float]) -> str:
+    """Median, 99th percentile and worst, in ms."""
+    ms = sorted(1000 * x for x in seconds)
+    return (f"median {statistics.median(ms):.1f} ms, p99 {ms[int(0.99 * (len(ms) - 1))]:.1f} "
+            f"ms, max {ms[-1]:.1f} ms ({len(ms)} requests)")
+
+
+def report(mode: str, f: dict[str, list[float]]) -> None:
+    render = statistics.median(f["render"])
+    print(f"{mode}: first load {f['first'][0]:.2f} s, then median {render:.2f} s of "
+          f"{len(f['render'])}")
+    print(f"  static while the trace is drawn: {spread(f['during'])}; "
+          f"worst / render {max(f['during']) / render:.2f}")
+    print(f"  static alone, as many right after: {spread(f['alone'])}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--samples", type=int, default=4, help="outputs per call")
     ap.add_argument("--text", type=int, default=200, help="characters per text")
-    ap.add_argument("--renders", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=4, help="per side, mirrored")
+    # The bench's other processes: a server side, and the page's fetcher.
+    ap.add_argument("--serve", nargs=3, metavar=("RUNS", "PORT", "MODE"),
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--fetch", metavar="URL", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve:
+        return serve(*args.serve)
+    if args.fetch:
+        return fetch(args.fetch)
     with tempfile.TemporaryDirectory() as tmp:
         page = write_run(Path(tmp), args.samples, args.text)
         size = (Path(tmp) / "big" / "traces.jsonl").stat().st_size
-        proc, url = start(Path(tmp))
+        servers = {mode: start(Path(tmp), mode) for mode in ("process", "thread")}
+        figures = {mode: {"first": [], "render": [], "during": [], "alone": []}
+                   for mode in servers}
         try:
-            with httpx.Client(base_url=url, timeout=300) as h:
-                first, r = timed_get(h, page)
-                renders = [timed_get(h, page)[0] for _ in range(args.renders)]
-            html = len(r.content)
-            alone = static_alone(url)
-            during = [static_during(url, page) for _ in range(args.renders)]
+            for mode, (_, url) in servers.items():  # starts the worker, builds the index
+                with httpx.Client(base_url=url, timeout=300) as h:
+                    seconds, r = timed_get(h, page)
+                figures[mode]["first"].append(seconds)
+                html = len(r.content)
+            for i in range(args.rounds):  # mirrored: process thread, thread process, ...
+                for mode in ("process", "thread") if i % 2 == 0 else ("thread", "process"):
+                    one_round(servers[mode][1], page, figures[mode])
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-    render = statistics.median(renders)
-    waits = [w for _, ws in during for w in ws]
-    worst = max(waits)
+            for proc, _ in servers.values():
+                stop(proc)
+    print(f"cpu: {cpu()}")
     print(f"trace: {MAX_EVENTS:,} events, {size / 1e6:.1f} MB of JSON; page {html / 1e6:.1f} MB")
-    print(f"render: first load {first:.2f} s (builds the traces index), then median "
-          f"{render:.2f} s of {args.renders}")
-    print(f"static {STATIC} alone: median {1000 * statistics.median(alone):.1f} ms, "
-          f"max {1000 * max(alone):.1f} ms")
-    print(f"static while the trace is drawn: {len(waits)} requests, median "
-          f"{1000 * statistics.median(waits):.1f} ms, max {1000 * worst:.1f} ms")
-    renders_during = statistics.median(s for s, _ in during)
-    print(f"worst static delay / render time: {worst / renders_during:.2f} "
-          f"(1.00: it waited for the whole drawing)")
+    for mode in ("process", "thread"):
+        report(mode, figures[mode])
+    ratio = max(figures["thread"]["during"]) / max(figures["process"]["during"])
+    print(f"worst static delay, thread / process: {ratio:.1f}x (bound: process max <= 100 ms)")
 
 
 if __name__ == "__main__":

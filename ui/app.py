@@ -14,7 +14,10 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlencode
 
 from fastapi import FastAPI, Request
@@ -30,6 +33,7 @@ from refinery.serving.config import ServerConfig
 from refinery.serving.dependencies import Sessions
 from refinery.serving.middleware import SecurityHeaders, guard
 from refinery.ui.auth import HOME
+from refinery.ui.drawing import DRAWER
 from refinery.ui.pages import HEADERS, STATIC, render
 from refinery.ui.routes import router
 from refinery.ui.settings import UISettings
@@ -69,7 +73,25 @@ def install(app: FastAPI, settings: UISettings, headers_on: str = HOME) -> FastA
     app.mount(f"{HOME}/static", StaticFiles(directory=STATIC), name="ui-static")
     for kind in (RefineryError, RequestValidationError, StarletteHTTPException):
         app.add_exception_handler(kind, handle)
+    close_on_shutdown(app, DRAWER.close)
     return app
+
+
+def close_on_shutdown(app: FastAPI, close: Callable[[], None]) -> None:
+    """Call ``close`` when ``app`` shuts down, after the lifespan it already has (the
+    engine's, under ``refinery serve``): wrapped, since a lifespan replaces the
+    shutdown handlers an app would otherwise run."""
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(app_: Any) -> AsyncIterator[Any]:
+        try:
+            async with inner(app_) as state:
+                yield state
+        finally:
+            close()
+
+    app.router.lifespan_context = lifespan
 
 
 def is_page(request: Request) -> bool:

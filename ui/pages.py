@@ -5,9 +5,11 @@ file names reach the page as text, never as markup. The Content-Security-Policy
 allows scripts and styles from ``/ui/static`` only, so even a tag that escaped
 escaping would not run (no inline script, no event-handler attribute).
 
-Pages are built and rendered off the event loop (:func:`off_loop`, at most
-:data:`RENDER_THREADS` at a time): reading a run's files or drawing a large
-trace never stalls the other requests the server is answering.
+Pages are built and rendered off the event loop: trace pages in a worker process
+(:func:`draw_page`, :mod:`refinery.ui.drawing`), the others in worker threads
+(:func:`off_loop`, at most :data:`RENDER_THREADS` at a time). Reading a run's
+files or drawing a large trace never stalls the other requests the server is
+answering.
 
 Example:
     >>> render(request, "runs.html", page="runs", runs=list_runs(root))
@@ -32,6 +34,7 @@ from pydantic import ValidationError
 from refinery.engine.errors import InvalidRequestError, NotFoundError
 from refinery.engine.trace import Trace
 from refinery.ui.auth import ui_settings
+from refinery.ui.drawing import DRAWER
 from refinery.ui.plot import Plot, accuracy_plot
 from refinery.ui.runs import (
     RunRow,
@@ -65,14 +68,30 @@ env.filters["qty"] = lambda x: int(x) if isinstance(x, float) and x.is_integer()
 
 def render(request: Request, template: str, status: int = 200,
            headers: dict[str, str] | None = None, **context: Any) -> HTMLResponse:
-    """The page ``template`` with ``context`` (and the settings), with the page headers.
+    """The page ``template`` with ``context`` (and the settings), with the page headers."""
+    return HTMLResponse(render_html(template, ui_settings(request), **context),
+                        status_code=status, headers={**HEADERS, **(headers or {})})
+
+
+def render_html(template: str, settings: UISettings, **context: Any) -> bytes:
+    """The page ``template`` with ``context`` and ``settings``, as UTF-8.
 
     Encoded so that any text shows: a lone surrogate (a JSON ``"\\ud800"`` in a file)
     is written as its escape instead of failing the page.
     """
-    html = env.get_template(template).render(settings=ui_settings(request), **context)
-    return HTMLResponse(html.encode("utf-8", "backslashreplace"), status_code=status,
-                        headers={**HEADERS, **(headers or {})})
+    html = env.get_template(template).render(settings=settings, **context)
+    return html.encode("utf-8", "backslashreplace")
+
+
+async def draw_page(request: Request, draw: Callable[..., bytes], *args: Any) -> HTMLResponse:
+    """The trace page ``draw(settings, *args)`` makes, drawn in the worker process (in a
+    worker thread when ``settings.draw_in_process`` is off)."""
+    settings = ui_settings(request)
+    if settings.draw_in_process:
+        html = await DRAWER.draw(draw, settings, *args)
+    else:
+        html = await off_loop(request, lambda: draw(settings, *args))
+    return HTMLResponse(html, headers=HEADERS)
 
 
 async def off_loop(request: Request, work: Callable[[], T]) -> T:
@@ -162,6 +181,18 @@ def run_trace_page(settings: UISettings, name: str, task: str) -> dict[str, Any]
     limits, worst_case, notes = run_limits(root, run, name)
     view = trace_view(find_trace(root, run, task, name), limits, worst_case)
     return {"view": view, "run": name, "source": f"run {name}", "notes": notes}
+
+
+def draw_run_trace(settings: UISettings, name: str, task: str) -> bytes:
+    """The page of a run's problem's trace (a :func:`draw_page` drawing)."""
+    return render_html("trace.html", settings, page="trace",
+                       **run_trace_page(settings, name, task))
+
+
+def draw_posted_trace(settings: UISettings, body: bytes) -> bytes:
+    """The page of a trace posted in a form's ``body`` (a :func:`draw_page` drawing)."""
+    return render_html("trace.html", settings, page="trace",
+                       **posted_trace_page(settings, parse_form(body)))
 
 
 def posted_trace_page(settings: UISettings, fields: dict[str, str]) -> dict[str, Any]:

@@ -2,9 +2,9 @@
 
 Every page and the page's JSON API are behind ``require_key`` (the server's API
 keys, by bearer header or the login session); the login form and the static
-files are not. Pages that read run files or draw a trace are built off the
-event loop (``off_loop``). None is in the OpenAPI schema: the schema documents
-the API.
+files are not. Pages that read run files are built in worker threads
+(``off_loop``), trace pages in a worker process (``draw_page``): never on the
+event loop. None is in the OpenAPI schema: the schema documents the API.
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ from refinery.ui.auth import (
     ui_settings,
 )
 from refinery.ui.pages import (
+    draw_page,
+    draw_posted_trace,
+    draw_run_trace,
     form_body,
     form_fields,
     off_loop,
-    parse_form,
-    posted_trace_page,
     render,
     run_page,
-    run_trace_page,
     runs_page,
 )
 from refinery.ui.specs import SpecCheck, check_spec
@@ -64,16 +64,12 @@ async def trace(request: Request, run: str | None = Query(None, max_length=1000)
     """A run's problem's trace; without both parameters, the form to paste one."""
     if run is None or task is None:
         return render(request, "trace_open.html", page="trace")
-    settings = ui_settings(request)
-    return await off_loop(request, lambda: render(request, "trace.html", page="trace",
-                                                  **run_trace_page(settings, run, task)))
+    return await draw_page(request, draw_run_trace, run, task)
 
 
 @router.post("/trace", dependencies=PAGE)
 async def posted_trace(request: Request) -> HTMLResponse:
-    settings, body = ui_settings(request), await form_body(request)
-    return await off_loop(request, lambda: render(
-        request, "trace.html", page="trace", **posted_trace_page(settings, parse_form(body))))
+    return await draw_page(request, draw_posted_trace, await form_body(request))
 
 
 @router.get("/api/spec", dependencies=PAGE)

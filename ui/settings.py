@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 from refinery.engine.context import Budget
 from refinery.engine.graph import DEFAULT_MAX_CALLS
@@ -20,6 +21,12 @@ class UISettings:
     the playground says where to get one. ``limits`` are the server's per-request
     caps: a playground request sends no budget, so these are the limits its
     trace is shown against. ``allowed_hosts``: see ``ServerConfig``.
+
+    ``draw_in_process``: trace pages are drawn in a worker process
+    (:mod:`refinery.ui.drawing`), so drawing a large one does not slow the server's
+    other requests; False draws them in the server's own threads (no second process,
+    the other requests slowed meanwhile; ``bench/ui_load.py`` measures both).
+    Settings pickle: they travel with each page the worker draws.
     """
 
     api_keys: frozenset[str] = frozenset()
@@ -32,12 +39,24 @@ class UISettings:
     default_max_tokens: int = 512
     default_temperature: float = 0.7
     allowed_hosts: frozenset[str] = field(default_factory=lambda: load_allowed_hosts())
+    draw_in_process: bool = True
+
+    def __post_init__(self) -> None:
+        # Read-only, whatever mapping was given: the settings are frozen, their presets too.
+        object.__setattr__(self, "presets", MappingProxyType(dict(self.presets)))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its fields, the presets as a dict: a ``MappingProxyType`` does not
+        pickle, and :meth:`__post_init__` makes it read-only again."""
+        values = [getattr(self, f.name) for f in fields(self)]
+        return type(self), tuple(dict(v) if isinstance(v, MappingProxyType) else v
+                                 for v in values)
 
     @classmethod
     def of_server(cls, config: ServerConfig, runs: str | Path | None = None) -> UISettings:
         """The page of a ``refinery serve`` with ``config``: same keys, model and presets."""
         return cls(api_keys=config.api_keys, runs=Path(runs) if runs else None,
-                   model=config.model, presets=MappingProxyType(dict(config.presets)),
+                   model=config.model, presets=config.presets,
                    default_strategy=config.default_strategy,
                    max_spec_calls=config.max_spec_calls,
                    limits=Budget(max_calls=config.max_request_calls,
