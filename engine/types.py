@@ -46,6 +46,8 @@ class SamplingParams(BaseModel):
     ``affinity`` groups calls that should run on one upstream (a backend with
     several sends calls with equal keys to the same one, so its prefix cache
     serves them); the Context sets it to the task's id.
+    ``thinking_token_budget`` caps a reasoning model's thinking tokens (vLLM's
+    field: the engine needs a reasoning parser; one without refuses the request).
     """
 
     temperature: float = Field(0.7, ge=0.0, le=2.0)
@@ -57,6 +59,7 @@ class SamplingParams(BaseModel):
     logprobs: bool = False
     top_logprobs: int = Field(0, ge=0, le=20)
     constraint: Constraint | None = None
+    thinking_token_budget: int | None = Field(None, ge=0)
     affinity: str | None = Field(None, exclude=True)  # routing, not sampling: never dumped
 
     @field_validator("stop", mode="before")

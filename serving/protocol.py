@@ -72,6 +72,10 @@ REASONING_EFFORT = ("How hard to think: the server runs the strategy it maps thi
                     "refinery.strategy wins.")
 
 
+THINKING_BUDGET = ("vLLM's cap on a reasoning model's thinking tokens, passed to every "
+                   "generation (the engine must run a reasoning parser).")
+
+
 class OpenAIBase(BaseModel):
     # Clients send fields we do not implement (logit_bias, tools, ...): accept them.
     model_config = ConfigDict(extra="allow")
@@ -218,6 +222,7 @@ class ChatCompletionRequest(VLLMStructuredFields):
     parallel_tool_calls: bool | None = None
     presence_penalty: float | None = None
     reasoning_effort: Effort | None = Field(None, description=REASONING_EFFORT)
+    thinking_token_budget: int | None = Field(None, ge=0, description=THINKING_BUDGET)
     response_format: ResponseFormat | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
@@ -246,6 +251,7 @@ class CompletionRequest(VLLMStructuredFields):
     max_tokens: int | None = Field(16, ge=1)
     n: int = Field(1, ge=1, le=16)
     reasoning_effort: Effort | None = Field(None, description=REASONING_EFFORT)
+    thinking_token_budget: int | None = Field(None, ge=0, description=THINKING_BUDGET)
     response_format: ResponseFormat | None = Field(None, description="As vLLM accepts it.")
     seed: int | None = None
     stop: str | list[str] | None = None

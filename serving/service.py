@@ -248,7 +248,8 @@ class Service:
             top_p=1.0 if req.top_p is None else req.top_p,
             max_tokens=max_tokens or cfg.default_max_tokens, stop=req.stop, seed=req.seed,
             logprobs=out.logprobs, top_logprobs=out.top_logprobs,
-            constraint=out.constraint if passthrough else None)
+            constraint=out.constraint if passthrough else None,
+            thinking_token_budget=req.thinking_token_budget)
 
     def budget(self, asked: RefineryBudget | None, effort_tokens: int | None = None) -> Budget:
         """The request's budget: the server's caps, lowered where the request asks (or,

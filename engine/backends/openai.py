@@ -248,6 +248,12 @@ class OpenAIBackend:
         if params.logprobs:
             kw["logprobs"] = True
             kw["top_logprobs"] = params.top_logprobs
+        if params.thinking_token_budget is not None:
+            if self.upstream != "vllm":
+                raise InvalidRequestError(
+                    f"thinking_token_budget is vLLM's field; the {self.upstream} upstream "
+                    "has none", param="thinking_token_budget")
+            extra["thinking_token_budget"] = params.thinking_token_budget
         if params.constraint is not None:
             require_support(params.constraint, self.structured_outputs,
                             f"OpenAI-compatible ({self.upstream})")

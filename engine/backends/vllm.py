@@ -249,7 +249,8 @@ class VLLMBackend:
             return VSP(n=n, temperature=params.temperature, top_p=params.top_p,
                        max_tokens=min(params.max_tokens, room), stop=params.stop or None,
                        seed=seed, logprobs=params.top_logprobs if params.logprobs else None,
-                       structured_outputs=structured(params.constraint), output_kind=kind)
+                       structured_outputs=structured(params.constraint), output_kind=kind,
+                       thinking_token_budget=params.thinking_token_budget)
         except (VLLMClientError, ValueError, TypeError) as exc:
             # vLLM's own request checks (an empty stop string, a seed over 64 bits):
             # the client's fault, so a 400, not an unhandled 500.

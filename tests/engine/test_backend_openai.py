@@ -10,13 +10,17 @@ from types import SimpleNamespace
 
 import pytest
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from refinery.engine.backends.openai import OpenAIBackend, OpenAIConfig, split_tokens
 from refinery.engine.backends.upstream_guard import UpstreamGuard
 from refinery.engine.constraints import Constraint, UnsupportedConstraintError
-from refinery.engine.errors import BackendUnavailableError, UnknownModelError
+from refinery.engine.errors import (
+    BackendUnavailableError,
+    InvalidRequestError,
+    UnknownModelError,
+)
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.types import Message, SamplingParams
@@ -223,6 +227,27 @@ async def test_an_unsupported_constraint_sends_nothing():
                               monitor=CusumLoopDetector())
         await be.aclose()
     assert hits == [] and be.healthy
+
+
+async def test_thinking_token_budget_goes_to_a_vllm_upstream_only():
+    bodies = []
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        bodies.append(await request.json())
+        return JSONResponse(ok_body())
+
+    params = SamplingParams(max_tokens=4, thinking_token_budget=32)
+    with ThreadedApp(app) as url:
+        as_vllm = OpenAIBackend("m", url, config=OpenAIConfig(upstream="vllm"))
+        await as_vllm.generate(Q, params)
+        as_openai = OpenAIBackend("m", url)
+        with pytest.raises(InvalidRequestError, match="thinking_token_budget is vLLM's"):
+            await as_openai.generate(Q, params)
+        await as_vllm.aclose()
+        await as_openai.aclose()
+    assert [b.get("thinking_token_budget") for b in bodies] == [32]
 
 
 # -- storms: ride them out, honour Retry-After, never amplify ------------------------------

@@ -149,6 +149,15 @@ async def test_prompt_longer_than_context_is_refused(vllm_backend):
     assert vllm_backend.healthy
 
 
+async def test_a_thinking_budget_reaches_the_engine_which_needs_a_reasoning_parser(
+        vllm_backend):
+    # The embedded model runs without one: vLLM's own check refuses the request.
+    with pytest.raises(InvalidRequestError, match="thinking_token_budget is set but "
+                                                  "reasoning_config"):
+        await vllm_backend.generate(Q, SamplingParams(max_tokens=8, thinking_token_budget=16))
+    assert vllm_backend.healthy
+
+
 async def test_bad_n_and_max_tokens(vllm_backend):
     with pytest.raises(InvalidRequestError, match="n must be >= 1"):
         await vllm_backend.generate(Q, SamplingParams(), n=0)

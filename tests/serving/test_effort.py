@@ -86,3 +86,16 @@ def test_overrides_keep_the_level_budget_and_refuse_unknown_levels():
         effort_levels(["xhigh=cot"])
     with pytest.raises(ValueError, match="expected LEVEL=SPEC"):
         effort_levels(["high"])
+
+
+async def test_thinking_token_budget_reaches_every_generation(scripted_serve, client):
+    backend = scripted()
+    url, _ = await scripted_serve(backend=backend)
+    r = await client.post(url + CHAT, json=chat(thinking_token_budget=64,
+                                                refinery={"strategy": "sc(cot, n=2)"}))
+    assert r.status_code == 200, r.text
+    assert [c.params.thinking_token_budget for c in backend.calls] == [64] * len(backend.calls)
+    r = await client.post(url + COMPLETIONS, json={"model": MODEL, "prompt": "2+2?",
+                                                   "thinking_token_budget": -1})
+    assert r.status_code == 400
+    assert assert_openai_error(r.json())["param"] == "thinking_token_budget"
