@@ -22,7 +22,9 @@ import sys
 import time
 
 from its_hub.api import AbstractOutcomeRewardModel, AbstractProcessRewardModel
+from its_hub.core.algorithms.adaptive_self_consistency import AdaptiveSelfConsistency
 from its_hub.core.algorithms.beam_search import BeamSearch
+from its_hub.core.algorithms.beta_self_consistency import BetaSelfConsistency
 from its_hub.core.algorithms.bon import BestOfN
 from its_hub.core.algorithms.particle_gibbs import ParticleFiltering
 from its_hub.core.algorithms.self_consistency import SelfConsistency
@@ -101,8 +103,12 @@ class JudgeReward(AbstractProcessRewardModel, AbstractOutcomeRewardModel):
 
 def algorithm(job: dict, api: AsyncOpenAI):
     name = job["algorithm"]
-    if name == "sc":
+    if name in ("sc", "sc16"):
         return SelfConsistency(final_answer)
+    if name == "beta":  # all requests at once, cancelled once the Beta test holds
+        return BetaSelfConsistency(consistency_space_projection_func=final_answer)
+    if name == "adaptive":  # rounds of 2, 2, 4, 8 until a 75% supermajority
+        return AdaptiveSelfConsistency(consistency_space_projection_func=final_answer)
     reward = JudgeReward(api, job["model"], job["judge"])
     if name == "bon":
         return BestOfN(reward)

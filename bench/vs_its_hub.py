@@ -19,6 +19,9 @@ mirrored order), the server's prefix cache emptied before each timed pass:
 name      refinery                                          its_hub
 ========  ================================================  ===========================
 sc        ``sc(cot, n=8)``                                  ``SelfConsistency``, budget 8
+sc16      ``sc(cot, n=16)``                                 ``SelfConsistency``, budget 16
+beta      ``asc(cot, max_n=16, against="runner_up")``       ``BetaSelfConsistency``, budget 16
+adaptive  ``asc(cot, max_n=16)``                            ``AdaptiveSelfConsistency``, budget 16
 bon       ``best_of_n(cot, n=4, step_scorer="judge")``      ``BestOfN``, budget 4
 beam      ``beam(scorer="judge", width=2, expand=2)``       ``BeamSearch``, width 2, budget 4
 particle  ``particle(scorer="judge", n=4)``                 ``ParticleFiltering``, budget 4
@@ -27,11 +30,14 @@ particle  ``particle(scorer="judge", n=4)``                 ``ParticleFiltering`
 Per side: wall seconds, HTTP requests the vLLM server answered and tokens it
 generated (its ``/metrics``), and how many answers were right (refinery's math
 checker on both sides). Printed: each algorithm's refinery/its_hub wall ratio, and
-the floor's share of each side's wall.
+the floor's share of each side's wall; for the adaptive votes (``beta``,
+``adaptive``) run beside ``sc16``, how often each side's answer is the answer of its
+own side's full 16-sample vote on the same problem.
 
     make bench-peers   # once: its_hub into $REFINERY_HOME/peers/its_hub
     python bench/vs_its_hub.py [--problems 32] [--clients 16] [--rounds 1]
                                [--algorithms sc bon beam particle]
+    python bench/vs_its_hub.py --algorithms sc16 beta adaptive   # the adaptive votes
 """
 
 from __future__ import annotations
@@ -84,6 +90,9 @@ class Algorithm:
 
 ALGORITHMS = {
     "sc": Algorithm("sc(cot, n=8)", 8),
+    "sc16": Algorithm("sc(cot, n=16)", 16),
+    "beta": Algorithm('asc(cot, max_n=16, against="runner_up")', 16),
+    "adaptive": Algorithm("asc(cot, max_n=16)", 16),
     "bon": Algorithm('best_of_n(cot, n=4, step_scorer="judge")', 4),
     "beam": Algorithm(f'beam(scorer="judge", width=2, expand=2, max_steps={MAX_STEPS_SEARCH})',
                       4, stepwise=True, beam_width=2),
@@ -104,6 +113,7 @@ class Side:
     answers: int = 0
     correct: int = 0
     errors: list[str] = field(default_factory=list)
+    answers: list[str | None] = field(default_factory=list)  # extracted, per problem
 
 
 def prompt(question: str, algo: Algorithm) -> str:
@@ -115,6 +125,7 @@ def prompt(question: str, algo: Algorithm) -> str:
 
 
 def grade(side: Side, texts: list[str | None], golds: list[str]) -> None:
+    side.answers = [extract_answer(t) if t else None for t in texts]
     for text, gold in zip(texts, golds, strict=True):
         side.answers += bool(text and text.strip())
         side.correct += bool(text) and is_equivalent(extract_answer(text), gold)
@@ -245,6 +256,19 @@ def report(sides: list[Side], a: argparse.Namespace) -> None:
               f"floor/refinery {walls['floor'] / walls['refinery']:.3f}")
 
 
+def report_agreement(sides: list[Side]) -> None:
+    """Each adaptive vote's agreement with the full vote of its own side."""
+    for s in sides:
+        full = next((f for f in sides if f.algorithm == "sc16" and f.name == s.name), None)
+        if s.algorithm not in ("beta", "adaptive") or full is None:
+            continue
+        same = sum(bool(a and b and is_equivalent(a, b))
+                   for a, b in zip(s.answers, full.answers, strict=True))
+        print(f"{s.algorithm} {s.name}: its answer is its side's sc16 answer on {same} of "
+              f"{len(s.answers)}; generated tokens {s.generated_tokens / full.generated_tokens:.2f}"
+              f" of sc16's")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--problems", type=int, default=32)
@@ -254,7 +278,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2,
                     help="problems after the timed ones each side runs untimed first")
     ap.add_argument("--algorithms", nargs="+", choices=list(ALGORITHMS),
-                    default=list(ALGORITHMS))
+                    default=["sc", "bon", "beam", "particle"])
     a = ap.parse_args()
     if not ITS_HUB_PYTHON.exists():
         raise SystemExit(f"{ITS_HUB_PYTHON} is missing: run `make bench-peers` first")
@@ -279,6 +303,7 @@ def main() -> None:
         refinery.stop()
         upstream.stop()
     report(sides, a)
+    report_agreement(sides)
 
 
 if __name__ == "__main__":
