@@ -29,9 +29,10 @@ from refinery.distill.schema import (
     DistillError,
     scaffold_leak,
 )
-from refinery.engine.trace import StepKind, Trace, read_traces
+from refinery.engine.trace import StepKind, Trace, TraceEvent, read_traces
 from refinery.engine.types import FinishReason
 from refinery.strategies.cot import INSTRUCTION as COT_INSTRUCTION
+from refinery.strategies.execution import read_program
 from refinery.verifiers.math import extract_boxed
 
 __all__ = ["SOLUTION_STEPS", "BuildStats", "Candidate", "Problem", "clean_solution",
@@ -133,6 +134,8 @@ class Candidate:
     trace_key: str = ""
     is_final: bool = False
     score: float | None = None  # the strategy's own confidence (final attempts)
+    program: str | None = None  # a program the sandbox ran (pot): its reply is code
+    executed: str | None = None  # what that run printed (None: it failed)
     text: str | None = None
     answer: str | None = None
     passed: bool | None = None
@@ -179,6 +182,7 @@ class BuildStats(BaseModel):
     pairs_by_source: dict[str, int] = Field(default_factory=dict)
     pairs_skipped_length: int = 0
     all_right: int = 0
+    filtered_all_right: int = 0  # all-right prompts left out (prompt_filter="reinforce_rej")
     all_wrong: int = 0
     mean_chosen_chars: float | None = None
     mean_rejected_chars: float | None = None
@@ -259,11 +263,36 @@ def gold_of(row: dict[str, Any] | None, trace: Trace | None) -> str | None:
     return None
 
 
+PROGRAM_STRATEGIES = frozenset({"pot"})
+"""Strategies whose solution generations are programs judged by their run."""
+
+
+def _runs_of(trace: Trace) -> dict[str, list[TraceEvent]]:
+    """Each generation's ``execute`` events (a request of n programs has n)."""
+    runs: dict[str, list[TraceEvent]] = {}
+    for e in trace.events:
+        if e.kind == "step" and e.step == "execute":
+            for p in e.parents:
+                runs.setdefault(p, []).append(e)
+    return runs
+
+
+def _attach_run(c: Candidate, runs: list[TraceEvent]) -> None:
+    """Mark ``c`` as a program with the answer its own run printed."""
+    c.program = read_program(c.raw)
+    shown = f"```python\n{c.program.rstrip()}\n```"
+    for r in runs:
+        if (r.text or "").startswith(shown):
+            c.executed = r.data.get("answer") if r.data.get("ok") else None
+            return
+
+
 def _candidates_of_trace(trace: Trace, run: str, row: dict[str, Any] | None,
                          run_strategy: str, model: str) -> tuple[list[Candidate], nx.DiGraph]:
     g = trace.graph()
     by_id = {e.id: e for e in trace.events}
     key = f"{run}::{trace.task_id}"
+    runs = _runs_of(trace)
     out: list[Candidate] = []
     for e in trace.events:
         if e.kind != "generation" or e.step not in SOLUTION_STEPS or not e.completions:
@@ -276,6 +305,8 @@ def _candidates_of_trace(trace: Trace, run: str, row: dict[str, Any] | None,
                                  finish_reason=c.finish_reason, step=e.step,
                                  strategy=e.strategy, run_strategy=run_strategy, model=model,
                                  event_id=e.id, index=i, iteration=iteration, trace_key=key))
+            if e.strategy in PROGRAM_STRATEGIES:
+                _attach_run(out[-1], runs.get(e.id, []))
     att = trace.attempt
     if att is not None and att.text:
         # The final attempt's text equals one candidate's (after cleaning); prefer one
@@ -285,11 +316,16 @@ def _candidates_of_trace(trace: Trace, run: str, row: dict[str, Any] | None,
         for eid in att.events:
             if eid in g:
                 roots |= nx.ancestors(g, eid) | {eid}
-        match = None
-        if target is not None:
+        programs = any(c.program is not None for c in out)
+        if programs and att.text.startswith("```python\n"):  # a run's report: by its program
+            same = [c for c in out if c.program is not None
+                    and att.text.startswith(f"```python\n{c.program.rstrip()}\n```")]
+        elif target is not None:
             same = [c for c in out if (ct := clean_solution(c.raw)) is not None
                     and normalized(ct) == normalized(target)]
-            match = next((c for c in same if c.event_id in roots), same[0] if same else None)
+        else:
+            same = []
+        match = next((c for c in same if c.event_id in roots), same[0] if same else None)
         if match is None:  # text the strategy composed itself: a candidate of its own
             match = Candidate(problem_id=trace.task_id, run=run, raw=att.text,
                               finish_reason=att.finish_reason, step="final",

@@ -14,7 +14,11 @@ Selection, in order:
    cleaned of scaffolding (:func:`clean_solution`); a candidate whose cleaned
    text is empty, still holds tags, lost its answer in cleaning, or has no
    explicit final answer (``\\boxed{}``, ``####``, "the answer is") is
-   *malformed* and dropped.
+   *malformed* and dropped. A program (``pot``) is judged by its run: one that
+   failed is dropped (``failed_run``), one that ran answers what it printed, and
+   its text is the worked solution it stands for (``program_rows="rationale"``,
+   :mod:`~refinery.distill.programs`; ``no_rationale`` when it cannot be read) or
+   the program itself (``program_rows="program"``).
 2. **Verification.** With a gold answer (the run's ``results.jsonl``) each
    candidate's extracted answer is checked with :func:`refinery.verifiers.math.is_equivalent`;
    the candidate that is the run's final attempt keeps the runner's own verdict
@@ -31,7 +35,9 @@ Selection, in order:
    provenance DAG: its rows get weight 2. A prompt is *easy* when every first
    draft already passed: it gives a single SFT example at weight 0.5 (training
    repeats rows in proportion to their weight) and, being all-right, usually no
-   pair.
+   pair. With ``prompt_filter="reinforce_rej"`` an all-right prompt gives nothing
+   (Reinforce-Rej: a prompt every attempt solves teaches nothing; RAFT, the
+   default, keeps it).
 4. **SFT rows.** Passing candidates, deduplicated on normalised text (case and
    whitespace), at most ``max_per_prompt`` (4) per prompt, chosen greedily to
    favour distinct solutions (lowest word-set overlap with those already
@@ -75,7 +81,7 @@ from refinery.distill.candidates import (
 )
 from refinery.distill.gold_fallback import arith_solution, gold_sft_rows
 from refinery.distill.schema import MessagesRow, PromptCompletionRow, SFTFormat, write_rows
-from refinery.distill.selection import build_rows
+from refinery.distill.selection import ProgramRows, PromptFilter, build_rows
 
 __all__ = [
     "SOLUTION_STEPS",
@@ -95,6 +101,7 @@ def build(runs: Sequence[str | Path], sft_out: str | Path, pairs_out: str | Path
           max_per_prompt: int = 4, max_pairs_per_prompt: int = 4,
           max_length_ratio: float = 1.5, require_explicit_answer: bool = True,
           min_confidence: float = 0.8, min_voters: int = 3,
+          prompt_filter: PromptFilter = "raft", program_rows: ProgramRows = "rationale",
           extra_sft: Sequence[MessagesRow | PromptCompletionRow] = ()) -> BuildStats:
     """Read eval runs, select training data, write the SFT (and pairs) JSONL files.
 
@@ -110,6 +117,10 @@ def build(runs: Sequence[str | Path], sft_out: str | Path, pairs_out: str | Path
         max_length_ratio: skip pairs whose chosen text is longer than this times the rejected.
         require_explicit_answer: a solution must state its answer (boxed, ####, "answer is").
         min_confidence, min_voters: the label-free agreement rule (runs without gold).
+        prompt_filter: ``raft`` (every verified attempt) or ``reinforce_rej`` (prompts
+            whose attempts all passed are dropped too).
+        program_rows: a verified program (``pot``) becomes the worked solution it
+            stands for (``rationale``, :mod:`~refinery.distill.programs`) or stays code.
         extra_sft: rows added as they are (e.g. :func:`gold_sft_rows`).
 
     Returns:
@@ -124,7 +135,8 @@ def build(runs: Sequence[str | Path], sft_out: str | Path, pairs_out: str | Path
                             max_pairs_per_prompt=max_pairs_per_prompt,
                             max_length_ratio=max_length_ratio,
                             require_explicit_answer=require_explicit_answer,
-                            min_confidence=min_confidence, min_voters=min_voters)
+                            min_confidence=min_confidence, min_voters=min_voters,
+                            prompt_filter=prompt_filter, program_rows=program_rows)
     if extra_sft:
         sft += list(extra_sft)
         stats.sft_rows = len(sft)

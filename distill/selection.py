@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import networkx as nx
 
@@ -27,6 +27,7 @@ from refinery.distill.candidates import (
     clean_solution,
     normalized,
 )
+from refinery.distill.programs import program_rationale
 from refinery.distill.schema import (
     ChatMessage,
     MessagesRow,
@@ -38,7 +39,10 @@ from refinery.distill.schema import (
 )
 from refinery.verifiers.math import extract_answer, is_equivalent, normalize_answer
 
-__all__ = ["build_rows", "provenance", "sft_row"]
+__all__ = ["ProgramRows", "PromptFilter", "build_rows", "provenance", "sft_row"]
+
+PromptFilter = Literal["raft", "reinforce_rej"]
+ProgramRows = Literal["rationale", "program"]
 
 # Training repeats rows in proportion to their weight: a rescued prompt teaches the
 # correction, an easy one teaches little.
@@ -53,7 +57,8 @@ def _overlap(a: set[str], b: set[str]) -> float:
     return len(a & b) / len(a | b) if a or b else 1.0
 
 
-def _inspect(c: Candidate, require_explicit: bool, math: bool = True) -> None:
+def _inspect(c: Candidate, require_explicit: bool, math: bool = True,
+             program_rows: ProgramRows = "rationale") -> None:
     """Set ``text``/``answer`` or ``drop`` from the finish reason and the form.
 
     ``math=False`` (code): the text only has to survive cleaning; it has no answer line.
@@ -65,6 +70,9 @@ def _inspect(c: Candidate, require_explicit: bool, math: bool = True) -> None:
     elif c.finish_reason == "abort":
         c.drop = "aborted"
     if c.drop:
+        return
+    if c.program is not None:
+        _inspect_program(c, program_rows)
         return
     text = clean_solution(c.raw)
     if not math:
@@ -83,6 +91,19 @@ def _inspect(c: Candidate, require_explicit: bool, math: bool = True) -> None:
         c.drop = "malformed"  # cleaning changed what the text answers
         return
     c.text, c.answer = text, answer
+
+
+def _inspect_program(c: Candidate, program_rows: ProgramRows) -> None:
+    """A program's answer is what its run printed; its row is the worked solution it
+    stands for (``rationale``) or the program itself (``program``)."""
+    if c.executed is None:
+        c.drop = "failed_run"
+        return
+    c.answer = c.executed
+    c.text = (program_rationale(c.program or "", c.executed) if program_rows == "rationale"
+              else c.raw.strip())
+    if not c.text:
+        c.drop = "no_rationale"
 
 
 def _verify(prob: Problem, *, min_confidence: float, min_voters: int) -> bool:
@@ -225,15 +246,21 @@ def build_rows(problems: Sequence[Problem], stats: BuildStats, *,
                max_per_prompt: int = 4, max_pairs_per_prompt: int = 4,
                max_length_ratio: float = 1.5, require_explicit_answer: bool = True,
                min_confidence: float = 0.8, min_voters: int = 3,
+               prompt_filter: PromptFilter = "raft", program_rows: ProgramRows = "rationale",
                ) -> tuple[list[MessagesRow | PromptCompletionRow], list[PairRow]]:
-    """Apply every selection rule to loaded problems; return validated SFT rows and pairs."""
+    """Apply every selection rule to loaded problems; return validated SFT rows and pairs.
+
+    ``prompt_filter``: ``raft`` keeps every rewarded attempt; ``reinforce_rej`` also
+    drops prompts whose attempts all passed (nothing left to learn there).
+    """
     sft: list[MessagesRow | PromptCompletionRow] = []
     pairs: list[PairRow] = []
     drops: Counter[str] = Counter()
     for prob in problems:
         stats.candidates += len(prob.candidates)
         for c in prob.candidates:
-            _inspect(c, require_explicit_answer, math=prob.verifier_name not in CODE_VERIFIERS)
+            _inspect(c, require_explicit_answer, math=prob.verifier_name not in CODE_VERIFIERS,
+                     program_rows=program_rows)
         verified = _verify(prob, min_confidence=min_confidence, min_voters=min_voters)
         drops.update(c.drop for c in prob.candidates if c.drop)  # _verify may drop some
         if not verified:
@@ -245,6 +272,11 @@ def build_rows(problems: Sequence[Problem], stats: BuildStats, *,
         if not passing:
             stats.no_passing_attempt += 1
             stats.all_wrong += 1
+            continue
+        wrong = len(failing) + sum(c.drop == "failed_run" for c in prob.candidates)
+        if prompt_filter == "reinforce_rej" and not wrong:
+            stats.all_right += 1
+            stats.filtered_all_right += 1
             continue
         rescuers, easy = _rescuers(prob, passing)
         rescued = bool(rescuers)
