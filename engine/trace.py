@@ -39,7 +39,8 @@ from refinery.engine.types import Attempt, Completion, Message, TaskRecord, Usag
 EventKind = Literal["generation", "step", "verdict", "error"]
 StepKind = Literal["draft", "critique", "decompose", "resolve", "refine", "plan",
                    "review", "vote", "select", "judge", "loop_retry", "final",
-                   "thinking", "reflection", "threshold", "execute", "continue", "search", "other"]
+                   "thinking", "reflection", "threshold", "execute", "continue", "search",
+                   "memory", "other"]
 
 _ids = itertools.count()
 

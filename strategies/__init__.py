@@ -23,6 +23,8 @@ from refinery.strategies.critique_refine import CritiqueRefine
 from refinery.strategies.deepconf import DeepConf
 from refinery.strategies.dei import DEI
 from refinery.strategies.dvts import DVTS
+from refinery.strategies.memory import Memory
+from refinery.strategies.memory_store import MemoryStore
 from refinery.strategies.moa import MoA
 from refinery.strategies.particle import ParticleFilter
 from refinery.strategies.pot import ProgramOfThought
@@ -51,6 +53,8 @@ __all__ = [
     "DeepConf",
     "Entry",
     "LoopStrategy",
+    "Memory",
+    "MemoryStore",
     "MoA",
     "ParticleFilter",
     "ProgramOfThought",

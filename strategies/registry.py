@@ -34,6 +34,7 @@ from refinery.strategies.critique_refine import CritiqueRefine
 from refinery.strategies.deepconf import DeepConf
 from refinery.strategies.dei import DEI
 from refinery.strategies.dvts import DVTS
+from refinery.strategies.memory import Memory
 from refinery.strategies.moa import MoA
 from refinery.strategies.particle import ParticleFilter
 from refinery.strategies.pot import ProgramOfThought
@@ -120,6 +121,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(BeamSearch, ("beam_search",)),
     Entry(DVTS, ("diverse_verifier_tree_search",)),
     Entry(ParticleFilter, ("particle_filtering", "pf")),
+    Entry(Memory, ("procedural_memory",)),
 )
 
 # Read-only: name or alias -> entry.
