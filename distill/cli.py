@@ -7,7 +7,7 @@ option) prints one ``error:`` line and exits with status 2.
 Example:
     $ refinery distill build --runs runs/sc4-train --sft out/sft.jsonl --pairs out/pairs.jsonl
     $ refinery distill train --sft out/sft.jsonl --out models/arith-r1
-    $ refinery distill loop --dataset arith --strategy "sc(cot, n=4)" --rounds 1
+    $ refinery distill loop --dataset arith --strategy "sc(pot, n=4)" --rounds 2 --pmd
 """
 
 from __future__ import annotations
@@ -45,6 +45,22 @@ class SFTFormatKind(str, Enum):
     prompt_completion = "prompt_completion"
 
 
+class PromptFilterKind(str, Enum):
+    raft = "raft"
+    reinforce_rej = "reinforce_rej"
+
+
+class ProgramRowsKind(str, Enum):
+    rationale = "rationale"
+    program = "program"
+
+
+FilterOption = typer.Option(PromptFilterKind.raft, "--filter", help=(
+    "raft: every verified attempt; reinforce_rej: prompts whose attempts all passed dropped too"))
+ProgramRowsOption = typer.Option(ProgramRowsKind.rationale, help=(
+    "a verified program (pot) becomes the worked solution it computes, or stays code"))
+
+
 @distill_app.command("build")
 def build_cmd(
     runs: list[str] = typer.Option(..., "--runs", help="eval run directory (repeatable)"),
@@ -63,6 +79,8 @@ def build_cmd(
                                            help="skip pairs with chosen > RATIO x rejected"),
     explicit_answer: bool = typer.Option(
         True, help="require a stated final answer (boxed, ####, 'the answer is')"),
+    prompt_filter: PromptFilterKind = FilterOption,
+    program_rows: ProgramRowsKind = ProgramRowsOption,
 ) -> None:
     """Select verified solutions and preference pairs from eval runs (traces + results);
     with --prm, a step search's scored steps, labelled by the outcomes below each."""
@@ -85,7 +103,8 @@ def build_cmd(
         stats = build(runs, sft, pairs, instruction=instruction, sft_format=format.value,
                       max_per_prompt=max_per_prompt, max_pairs_per_prompt=max_pairs_per_prompt,
                       max_length_ratio=max_length_ratio,
-                      require_explicit_answer=explicit_answer)
+                      require_explicit_answer=explicit_answer,
+                      prompt_filter=prompt_filter.value, program_rows=program_rows.value)
     except RefineryError as exc:
         fail(exc)
     typer.echo(f"{stats.traces} traces, {stats.problems} problems, {stats.candidates} "
@@ -160,7 +179,7 @@ def train_cmd(
 @distill_app.command("loop")
 def loop_cmd(
     dataset: str = typer.Option("arith", help="dataset with train and test splits"),
-    strategy: str = typer.Option("sc(cot, n=4)", help="sampling strategy spec"),
+    strategy: str = typer.Option("sc(pot, n=4)", help="sampling strategy spec"),
     rounds: int = typer.Option(1, min=1),
     train_size: int = typer.Option(200, min=1, help="train-split problems sampled per round"),
     eval_size: int = typer.Option(100, min=1, help="held-out test problems"),
@@ -178,12 +197,24 @@ def loop_cmd(
         0, min=0, help="top SFT data up to this many rows with reference solutions (arith)"),
     seed: int = typer.Option(0, help="dataset generator seed"),
     level: LevelsOption = None,
+    prompt_filter: PromptFilterKind = FilterOption,
+    program_rows: ProgramRowsKind = ProgramRowsOption,
+    eval_sampler: bool = typer.Option(True, help="also evaluate the sampler on the test split"),
+    pmd: bool = typer.Option(False, help="procedural memory: lessons from each round's "
+                             "attempts; training targets solved with them in the prompt"),
+    teacher: str = typer.Option(None, help="OpenAI-compatible base URL of the model that "
+                                "writes the lessons (default: the policy)"),
+    teacher_model: str = typer.Option(None, help="the teacher's model name"),
+    max_lessons: int = typer.Option(64, min=1, help="problems asked for a lesson per round"),
     progress: ProgressOption = True,
     ray: RayOption = False,
     ray_address: RayAddressOption = None,
     replicas: ReplicasOption = 1,
 ) -> None:
     """Sample -> verify -> build -> train -> evaluate plain cot on held-out problems, R rounds.
+
+    With --pmd each round also builds procedural memory (round-R/memory) and trains
+    on the self-teacher's solutions written with it in the prompt.
 
     With --ray the sampling step runs on REPLICAS Ray actors (``eval run --ray``);
     training and the held-out evaluation stay on this machine.
@@ -201,6 +232,9 @@ def loop_cmd(
             eval_temperature=eval_temperature, pairs=pairs,
             gold_fallback_rows=gold_fallback_rows, seed=seed,
             levels=list(level) if level else None, train=train_opts, progress=progress,
+            prompt_filter=prompt_filter.value, program_rows=program_rows.value,
+            eval_sampler=eval_sampler, pmd=pmd, teacher_url=teacher,
+            teacher_model=teacher_model, max_lessons=max_lessons,
             ray=RayOptions(address=ray_address, replicas=replicas) if ray else None))
     except RefineryError as exc:
         fail(exc)

@@ -1,19 +1,29 @@
-"""The sample -> verify -> build -> train -> evaluate loop (after RAFT / RLoop).
+"""The sample -> verify -> build -> train -> evaluate loop (after RAFT / RLoop, and PMD).
 
 Each round:
 
-1. **sample**: run the sampling strategy (e.g. ``sc(cot, n=4)``: n samples per
-   problem, so there are correct and incorrect ones to learn from) with the
-   current weights on ``train_size`` problems of the *train* split
-   (:func:`refinery.eval.runner.run_eval`, so traces, results and config are kept and a
-   rerun resumes);
-2. **verify + build**: :func:`refinery.distill.dataset.build` (gold used for verification only);
-3. **train**: :func:`refinery.distill.train.train`, LoRA from the current weights, merged
+1. **sample**: run the sampler (default ``sc(pot, n=4)``: programs the sandbox
+   runs, so there are verified attempts to learn from) with the current weights
+   on ``train_size`` problems of the *train* split
+   (:func:`refinery.eval.runner.run_eval`, so traces, results and config are kept
+   and a rerun resumes);
+2. **remember and teach** (``pmd=True`` only): the round's procedural memory is
+   built from those attempts (:func:`refinery.distill.memory.build_memory`:
+   trajectories, lessons checked by re-solving, patterns; ``round-R/memory``,
+   carrying earlier rounds' lessons), and the self-teacher solves the train
+   problems again as ``memory(sampler, store=round-R/memory)``: the training
+   targets are written with the memory in the prompt, the rows' prompts are the
+   questions as asked (the student learns without it);
+3. **verify + build**: :func:`refinery.distill.dataset.build` (gold used for
+   verification only; ``prompt_filter`` = RAFT or Reinforce-Rej; a verified
+   program becomes the worked solution it computes, ``program_rows``);
+4. **train**: :func:`refinery.distill.train.train`, LoRA from the current weights, merged
    into ``round-R/model`` (in a child process: its memory and threads go away
    with it, and a crash cannot take the loop down);
-4. **evaluate**: plain ``cot`` (no scaffold), greedy, on ``eval_size`` problems of
-   the held-out *test* split, before (round 0 = the base) and after;
-5. the next round starts from the new weights.
+5. **evaluate**: plain ``cot`` (no scaffold), greedy, and the sampler itself, on
+   ``eval_size`` problems of the held-out *test* split, before (round 0 = the
+   base) and after;
+6. the next round starts from the new weights.
 
 The two splits never share a problem (``arith`` assigns a problem to a split
 by a hash of its text; the loop checks the prompts anyway). Each round's
@@ -24,8 +34,8 @@ Engines: one vLLM engine per set of weights, closed before training starts
 (a caller may pass the engine of the base model; it is then left open).
 
 Example:
-    >>> report = await loop("arith", strategy="sc(cot, n=4)", rounds=1, train_size=200,
-    ...                     eval_size=100, out="runs/distill-arith")
+    >>> report = await loop("arith", strategy="sc(pot, n=4)", rounds=2, train_size=200,
+    ...                     eval_size=200, out="runs/distill-arith")
     >>> print(report.markdown())
 """
 
@@ -45,20 +55,28 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from refinery.distill.dataset import BuildStats, build, gold_sft_rows
+from refinery.distill.memory import MemoryStats, build_memory
 from refinery.distill.schema import DistillError, read_rows
+from refinery.distill.selection import ProgramRows, PromptFilter
 from refinery.distill.train import TRAIN_RECORD, TrainConfig, TrainResult, read_train_record
 from refinery.engine.backends.base import Backend
-from refinery.engine.backends.factory import BackendSpec, make_backend
+from refinery.engine.backends.factory import BackendKind, BackendSpec, make_backend
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.eval.datasets import Example, load_dataset
 from refinery.eval.metrics import Accuracy
 from refinery.eval.ray_pool import RayOptions
 from refinery.eval.runner import EvalConfig, RunSummary, run_eval
 from refinery.strategies.cot import INSTRUCTION as COT_INSTRUCTION
+from refinery.strategies.memory_store import MemoryStore
 
 REPO = Path(__file__).resolve().parent.parent
 
-__all__ = ["LoopConfig", "LoopReport", "RoundReport", "loop", "read_report", "run_loop"]
+# Programs the sandbox runs find verified answers where the model's own votes do not
+# (docs/results.md): the default sampler, its programs distilled as worked solutions.
+DEFAULT_SAMPLER = "sc(pot, n=4)"
+
+__all__ = ["DEFAULT_SAMPLER", "LoopConfig", "LoopReport", "RoundReport", "loop", "read_report",
+           "run_loop"]
 
 
 class LoopConfig(BaseModel):
@@ -72,11 +90,12 @@ class LoopConfig(BaseModel):
 
     Example:
         >>> LoopConfig(out="runs/d").strategy
-        'sc(cot, n=4)'
+        'sc(pot, n=4)'
     """
 
     dataset: str = "arith"
-    strategy: str = "sc(cot, n=4)"
+    strategy: str = Field(DEFAULT_SAMPLER, description="the sampler (default: the strongest "
+                          "measured on arith: programs whose runs are verified)")
     rounds: int = Field(1, ge=1)
     train_size: int = Field(200, ge=1)
     eval_size: int = Field(100, ge=1)
@@ -93,6 +112,17 @@ class LoopConfig(BaseModel):
         True, description="append cot's instruction to training prompts, as evaluation does")
     pairs: bool = Field(False, description="also train DPO on preference pairs")
     gold_fallback_rows: int = Field(0, ge=0)
+    prompt_filter: PromptFilter = Field("raft", description="raft: every verified attempt; "
+                                        "reinforce_rej: all-right prompts dropped too")
+    program_rows: ProgramRows = Field("rationale", description="a verified program becomes "
+                                      "the worked solution it computes, or stays code")
+    eval_sampler: bool = Field(True, description="also evaluate the sampler on the test split")
+    pmd: bool = Field(False, description="procedural memory: lessons from each round's "
+                      "attempts; the training targets are solved with them in the prompt")
+    teacher_url: str | None = Field(None, description="an OpenAI-compatible endpoint that "
+                                    "writes the lessons (default: the policy itself)")
+    teacher_model: str | None = None
+    max_lessons: int = Field(64, ge=1)
     train: dict[str, Any] = Field(default_factory=dict)
     isolate_training: bool = True
     ray: RayOptions | None = Field(None, description="sample on Ray actors (the train split "
@@ -122,11 +152,19 @@ class RoundReport(BaseModel):
     dpo_steps: int = 0
     accuracy_before: Accuracy
     accuracy_after: Accuracy
+    sampler_before: Accuracy | None = None
+    sampler_after: Accuracy | None = None
+    memory: MemoryStats | None = None
     seconds: dict[str, float] = Field(default_factory=dict)
 
     @property
     def delta(self) -> float:
         return self.accuracy_after.value - self.accuracy_before.value
+
+    @property
+    def rows_per_100(self) -> float:
+        """SFT rows kept per 100 train problems."""
+        return 100 * self.build.sft_rows / max(self.train_problems, 1)
 
 
 class LoopReport(BaseModel):
@@ -144,24 +182,27 @@ class LoopReport(BaseModel):
         c = self.config
         lines = [
             f"Distillation loop on `{c.dataset}`: sample with `{c.strategy}` "
-            f"(T={c.sample_temperature}) on {c.train_size} train problems, evaluate plain "
-            f"`{c.eval_strategy}` (T={c.eval_temperature}) on {self.eval_problems} held-out "
-            "test problems.",
+            f"(T={c.sample_temperature}, {c.prompt_filter}{', PMD' if c.pmd else ''}) on "
+            f"{c.train_size} train problems; evaluate `{c.eval_strategy}` "
+            f"(T={c.eval_temperature}){' and the sampler' if c.eval_sampler else ''} on "
+            f"{self.eval_problems} held-out test problems.",
             "",
-            "| round | sampler acc (train) | SFT rows (weighted) | pairs | gold rows | "
-            "rescued / easy | steps | loss before -> after | held-out acc before | "
-            "held-out acc after | Δ | minutes |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| round | sampler acc (train) | SFT rows (per 100) | pairs | gold rows | lessons "
+            "kept / written | steps | loss before -> after | "
+            f"`{c.eval_strategy}` before | after | Δ | sampler before | after | minutes |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in self.rounds:
-            b = r.build
+            b, m = r.build, r.memory
             loss = (f"{r.loss_before:.3f} -> {r.loss_after:.3f}"
                     if r.loss_before is not None and r.loss_after is not None else "-")
+            lessons = f"{m.lessons_kept} / {m.lessons_written}" if m else "-"
             lines.append(
-                f"| {r.round} | {r.sample_accuracy} | {b.sft_rows} ({b.weighted_sft_rows:g}) | "
-                f"{b.pairs} | {r.gold_rows} | {b.rescued} / {b.easy} | {r.train_steps} | "
-                f"{loss} | {r.accuracy_before} | {r.accuracy_after} | "
-                f"{100 * r.delta:+.1f} pts | {sum(r.seconds.values()) / 60:.1f} |")
+                f"| {r.round} | {r.sample_accuracy} | {b.sft_rows} ({r.rows_per_100:.0f}) | "
+                f"{b.pairs} | {r.gold_rows} | {lessons} | {r.train_steps} | {loss} | "
+                f"{r.accuracy_before} | {r.accuracy_after} | {100 * r.delta:+.1f} pts | "
+                f"{r.sampler_before or '-'} | {r.sampler_after or '-'} | "
+                f"{sum(r.seconds.values()) / 60:.1f} |")
         return "\n".join(lines) + "\n"
 
 
@@ -260,34 +301,49 @@ class _Round:
     progress: bool
     log: Callable[[str], None]
 
-    def eval_config(self, split: str, out: Path, model: str | None = None) -> EvalConfig:
+    def eval_config(self, split: str, out: Path, model: str | None = None,
+                    strategy: str | None = None) -> EvalConfig:
         """Sampling on the train split, or the held-out evaluation of ``model``."""
         c, train = self.config, split == "train"
         return EvalConfig(
-            dataset=c.dataset, strategy=c.strategy if train else c.eval_strategy, out=str(out),
-            model=model or self.model, split=split,
+            dataset=c.dataset, strategy=strategy or (c.strategy if train else c.eval_strategy),
+            out=str(out), model=model or self.model, split=split,
             limit=c.train_size if train else c.eval_size, seed=c.seed, levels=c.levels,
             temperature=c.sample_temperature if train else c.eval_temperature,
             max_tokens=c.max_tokens, concurrency=c.concurrency, ray=c.ray if train else None)
 
 
-async def _sample(rnd: _Round, engine: _Engine, train_ex: list[Example]) -> RunSummary:
-    """Step 1: the sampling strategy on the train problems, then the engine is closed."""
+async def _sample(rnd: _Round, engine: _Engine, train_ex: list[Example], out: Path,
+                  strategy: str | None = None) -> RunSummary:
+    """The sampling strategy (or ``strategy``) on the train problems, into ``out``."""
     if rnd.config.ray is not None:
         await engine.close()
     be = None if rnd.config.ray else await engine.open(rnd.model)
-    sample = await run_eval(rnd.eval_config("train", rnd.dir / "sample"), backend=be,
-                            examples=train_ex, progress=rnd.progress)
-    await engine.close()  # free the engine's memory and cores for training
-    return sample
+    return await run_eval(rnd.eval_config("train", out, strategy=strategy), backend=be,
+                          examples=train_ex, progress=rnd.progress)
 
 
-def _build_data(rnd: _Round, train_ex: list[Example],
-                instruction: str | None) -> tuple[BuildStats, int]:
-    """Step 2: verified rows (topped up with gold solutions if asked); the gold count."""
+async def _evaluate(rnd: _Round, engine: _Engine, test_ex: list[Example], model: str,
+                    out: Path) -> tuple[Accuracy, Accuracy | None]:
+    """Held-out accuracy of ``model``: the evaluation strategy, and the sampler if asked."""
+    c, be = rnd.config, await engine.open(model)
+    plain = (await run_eval(rnd.eval_config("test", out / "eval", model), backend=be,
+                            examples=test_ex, progress=rnd.progress)).accuracy
+    if not c.eval_sampler or c.strategy == c.eval_strategy:
+        return plain, None
+    cfg = rnd.eval_config("test", out / "eval-sampler", model, strategy=c.strategy)
+    return plain, (await run_eval(cfg, backend=be, examples=test_ex,
+                                  progress=rnd.progress)).accuracy
+
+
+def _build_data(rnd: _Round, train_ex: list[Example], instruction: str | None,
+                run: Path) -> tuple[BuildStats, int]:
+    """Verified rows of ``run`` (topped up with gold solutions if asked); the gold count."""
     c, rd = rnd.config, rnd.dir
     sft_p, pairs_p = rd / "sft.jsonl", rd / "pairs.jsonl"
-    stats = build([rd / "sample"], sft_p, pairs_p, instruction=instruction)
+    rules = {"instruction": instruction, "prompt_filter": c.prompt_filter,
+             "program_rows": c.program_rows}
+    stats = build([run], sft_p, pairs_p, **rules)
     gold_rows = 0
     if stats.sft_rows < c.gold_fallback_rows:
         covered = ({r.metadata.problem_id for r in read_rows(sft_p, "sft")}
@@ -295,7 +351,7 @@ def _build_data(rnd: _Round, train_ex: list[Example],
         extra = gold_sft_rows([e for e in train_ex if e.id not in covered],
                               instruction=instruction)[:c.gold_fallback_rows - stats.sft_rows]
         gold_rows = len(extra)
-        stats = build([rd / "sample"], sft_p, pairs_p, instruction=instruction, extra_sft=extra)
+        stats = build([run], sft_p, pairs_p, extra_sft=extra, **rules)
         rnd.log(f"round {rnd.number}: only {stats.sft_rows - gold_rows} verified rows; added "
                 f"{gold_rows} gold-solution rows (gold_fallback_rows={c.gold_fallback_rows})")
     (rd / "build_stats.json").write_text(stats.model_dump_json(indent=2) + "\n")
@@ -311,7 +367,7 @@ def _build_data(rnd: _Round, train_ex: list[Example],
 
 
 async def _train_round(rnd: _Round, stats: BuildStats) -> TrainResult:
-    """Step 3: LoRA from the round's weights, merged into ``round-R/model``."""
+    """LoRA from the round's weights, merged into ``round-R/model``."""
     c, rd = rnd.config, rnd.dir
     pairs_p = rd / "pairs.jsonl"
     tcfg = TrainConfig.model_validate({
@@ -322,18 +378,48 @@ async def _train_round(rnd: _Round, stats: BuildStats) -> TrainResult:
     return await _train(tcfg, rd, c.isolate_training)
 
 
+async def _teacher(rnd: _Round, engine: _Engine, train_ex: list[Example],
+                   teacher: Backend | None) -> MemoryStats:
+    """PMD: the round's memory from its attempts, then the self-teacher solves the train
+    problems with that memory in the prompt (``round-R/teacher``: the training targets;
+    the rows' prompts are the questions as asked, without the memory)."""
+    c, rd = rnd.config, rnd.dir
+    prev_dir = rd.parent / f"round-{rnd.number - 1}" / "memory"
+    previous = MemoryStore.load(prev_dir) if prev_dir.is_dir() else None
+    stats = await build_memory([rd / "sample"], rd / "memory", await engine.open(rnd.model),
+                               round=rnd.number, previous=previous, teacher=teacher,
+                               teacher_name=c.teacher_model or "teacher",
+                               max_lessons=c.max_lessons, max_tokens=c.max_tokens)
+    (rd / "memory_stats.json").write_text(stats.model_dump_json(indent=2) + "\n")
+    rnd.log(f"round {rnd.number}: memory: {stats.lessons_kept}/{stats.lessons_written} lessons "
+            f"kept ({stats.mixed_problems} problems with a passing and a failing attempt), "
+            f"{stats.patterns} patterns")
+    store = json.dumps(str((rd / "memory").resolve()))
+    await _sample(rnd, engine, train_ex, rd / "teacher",
+                  strategy=f"memory({c.strategy}, store={store})")
+    return stats
+
+
 async def _run_round(rnd: _Round, engine: _Engine, train_ex: list[Example],
-                     test_ex: list[Example], before: Accuracy) -> RoundReport:
-    """Sample, build, train, evaluate: one round, timed step by step."""
-    c, secs = rnd.config, {}
+                     test_ex: list[Example], before: tuple[Accuracy, Accuracy | None],
+                     teacher: Backend | None) -> RoundReport:
+    """Sample, (PMD: remember, teach), build, train, evaluate: one round, timed step by step."""
+    c, secs, rd = rnd.config, {}, rnd.dir
     instruction = COT_INSTRUCTION if c.match_eval_prompt and c.eval_strategy == "cot" else None
     t = time.monotonic()
-    sample = await _sample(rnd, engine, train_ex)
+    sample = await _sample(rnd, engine, train_ex, rd / "sample")
     secs["sample"] = time.monotonic() - t
     rnd.log(f"round {rnd.number}: {c.strategy} on {sample.total} train problems: "
             f"accuracy {sample.accuracy} [{secs['sample']:.0f}s]")
+    memory = None
+    if c.pmd:
+        t = time.monotonic()
+        memory = await _teacher(rnd, engine, train_ex, teacher)
+        secs["memory"] = time.monotonic() - t
+    await engine.close()  # free the engine's memory and cores for training
     t = time.monotonic()
-    stats, gold_rows = _build_data(rnd, train_ex, instruction)
+    stats, gold_rows = _build_data(rnd, train_ex, instruction,
+                                   rd / ("teacher" if c.pmd else "sample"))
     secs["build"] = time.monotonic() - t
     t = time.monotonic()
     result = await _train_round(rnd, stats)
@@ -341,11 +427,9 @@ async def _run_round(rnd: _Round, engine: _Engine, train_ex: list[Example],
     rnd.log(f"round {rnd.number}: trained {result.sft.steps} steps on "
             f"{result.sft.expanded_rows} rows: loss {result.eval_loss_before} -> "
             f"{result.eval_loss_after} [{secs['train']:.0f}s]")
-    new_model = str((rnd.dir / "model").resolve())
+    new_model = str((rd / "model").resolve())
     t = time.monotonic()
-    be = await engine.open(new_model)
-    after = (await run_eval(rnd.eval_config("test", rnd.dir / "eval", new_model), backend=be,
-                            examples=test_ex, progress=rnd.progress)).accuracy
+    after = await _evaluate(rnd, engine, test_ex, new_model, rd)
     secs["eval"] = time.monotonic() - t
     return RoundReport(
         round=rnd.number, model_in=rnd.model, model_out=new_model,
@@ -353,8 +437,16 @@ async def _run_round(rnd: _Round, engine: _Engine, train_ex: list[Example],
         sample_tokens_per_problem=sample.cost.tokens, build=stats, gold_rows=gold_rows,
         train_steps=result.sft.steps, loss_before=result.eval_loss_before,
         loss_after=result.eval_loss_after, dpo_steps=result.dpo.steps if result.dpo else 0,
-        accuracy_before=before, accuracy_after=after,
-        seconds={k: round(v, 1) for k, v in secs.items()})
+        accuracy_before=before[0], accuracy_after=after[0], sampler_before=before[1],
+        sampler_after=after[1], memory=memory, seconds={k: round(v, 1) for k, v in secs.items()})
+
+
+async def _teacher_backend(config: LoopConfig) -> Backend | None:
+    if config.teacher_url is None:
+        return None
+    return await make_backend(BackendSpec(config.teacher_model or config.base,
+                                          kind=BackendKind.openai,
+                                          base_url=(config.teacher_url,)))
 
 
 async def run_loop(config: LoopConfig, *, backend: Backend | None = None,
@@ -372,34 +464,37 @@ async def run_loop(config: LoopConfig, *, backend: Backend | None = None,
     out, train_ex, test_ex = _prepare(config)
     report = LoopReport(config=config, eval_problems=len(test_ex))
     model, engine = config.base, _Engine(backend, config.base)
+    teacher = await _teacher_backend(config)
     try:
         t = time.monotonic()
         base = _Round(config, 0, out / "round-0", model, progress, log)
-        before = (await run_eval(base.eval_config("test", out / "round-0-eval"),
-                                 backend=await engine.open(model), examples=test_ex,
-                                 progress=progress)).accuracy
-        log(f"round 0 ({model}): held-out {config.eval_strategy} accuracy {before} "
-            f"[{time.monotonic() - t:.0f}s]")
+        before = await _evaluate(base, engine, test_ex, model, out / "round-0")
+        log(f"round 0 ({model}): held-out {config.eval_strategy} accuracy {before[0]}"
+            f"{f', sampler {before[1]}' if before[1] else ''} [{time.monotonic() - t:.0f}s]")
         for number in range(1, config.rounds + 1):
             rnd = _Round(config, number, out / f"round-{number}", model, progress, log)
             rnd.dir.mkdir(exist_ok=True)
-            report.rounds.append(await _run_round(rnd, engine, train_ex, test_ex, before))
+            report.rounds.append(await _run_round(rnd, engine, train_ex, test_ex, before,
+                                                  teacher))
             _write_report(report, out)
             log(report.markdown())
-            model, before = report.rounds[-1].model_out, report.rounds[-1].accuracy_after
+            last = report.rounds[-1]
+            model, before = last.model_out, (last.accuracy_after, last.sampler_after)
     finally:
         await engine.close()
+        if teacher is not None:
+            await teacher.aclose()
     return report
 
 
-async def loop(dataset: str = "arith", strategy: str = "sc(cot, n=4)", rounds: int = 1,
+async def loop(dataset: str = "arith", strategy: str = DEFAULT_SAMPLER, rounds: int = 1,
                train_size: int = 200, eval_size: int = 100, *,
                backend: Backend | None = None, progress: bool = True,
                log: Callable[[str], None] = print, **options: Any) -> LoopReport:
     """Run the loop with keyword settings (the other :class:`LoopConfig` fields in ``options``).
 
     Example:
-        >>> report = await loop("arith", "sc(cot, n=4)", rounds=2, out="runs/d",
+        >>> report = await loop("arith", "sc(pot, n=4)", rounds=2, out="runs/d",
         ...                     train={"max_steps": 16})
         >>> [r.accuracy_after.value for r in report.rounds]
     """

@@ -18,6 +18,7 @@ from refinery.engine.models import DEFAULT_MODEL
 from refinery.eval.datasets import load_arith
 from refinery.eval.runner import EvalConfig, run_eval
 from refinery.strategies.cot import INSTRUCTION
+from refinery.strategies.memory_store import MemoryStore
 from tests.scripted_backend import ScriptedBackend
 
 # `refinery.distill.loop` the attribute is the function (re-exported); the module is in sys.modules.
@@ -212,8 +213,48 @@ async def test_loop_on_ray_closes_its_engine_before_sampling(tmp_path, monkeypat
     monkeypatch.setattr(loop_mod, "run_eval", fake_run_eval)
     await loop("arith", "sc(cot, n=4)", rounds=1, train_size=N, eval_size=N,
                out=str(tmp_path / "loop"), progress=False, log=lambda s: None,
-               ray=RayOptions(replicas=2))
+               ray=RayOptions(replicas=2), eval_sampler=False)
     # Baseline on the base engine; sampling on "Ray" with that engine closed and none
     # passed; the trained weights' evaluation on a new engine, closed at the end.
     assert seen == [(False, True, False), (True, False, True), (False, True, False)]
     assert len(engines) == 2 and all(e.closed for e in engines)
+
+
+def pmd_model() -> ScriptedBackend:
+    """sc_model(2), and a one-line lesson when asked for one."""
+    solve = sc_model(2).rules[0][1]
+
+    def reply(messages, params, i) -> str:
+        if "state the general rule" in messages[-1].content:
+            return "Apply each change to the running total in order."
+        return solve(messages, params, i)
+
+    return ScriptedBackend([(r".*", reply)])
+
+
+async def test_a_pmd_round_remembers_then_trains_on_the_teachers_run(
+        tmp_path, fake_engine_and_trainer, monkeypatch) -> None:
+    started, trained = fake_engine_and_trainer
+
+    async def start(model: str):
+        started.append(model)
+        return pmd_model()
+
+    monkeypatch.setattr(loop_mod, "_start", start)
+    out = tmp_path / "loop"
+    report = await loop("arith", "sc(cot, n=4)", rounds=2, train_size=N, eval_size=N,
+                        out=str(out), progress=False, log=lambda s: None, pmd=True)
+    r1, r2 = report.rounds
+    stores = [MemoryStore.load(out / f"round-{k}" / "memory") for k in (1, 2)]
+    # Round 2's store carries round 1's trajectories forward.
+    assert r1.memory.trajectories == len(stores[0].trajectories) == N * 4
+    assert len(stores[1].trajectories) == 2 * N * 4 and r2.memory.trajectories == N * 4
+    teacher = json.loads((out / "round-1" / "teacher" / "config.json").read_text())
+    store = repr(str((out / "round-1" / "memory").resolve()))
+    assert teacher["strategy"]["canonical"] == f"memory(sc(cot, n=4), store={store})"
+    rows = read_rows(trained[0].sft_path, "sft")
+    assert rows and {r.metadata.source_run for r in rows} == {str(out / "round-1" / "teacher")}
+    # The sampler is evaluated beside plain cot, before and after.
+    assert r1.sampler_before is not None and r1.sampler_after is not None
+    assert r2.sampler_before == r1.sampler_after
+    assert "lessons kept / written" in (out / "loop.md").read_text()
