@@ -30,7 +30,7 @@ from refinery.distill.schema import (
     scaffold_leak,
 )
 from refinery.engine.trace import StepKind, Trace, TraceEvent, read_traces
-from refinery.engine.types import FinishReason
+from refinery.engine.types import Attempt, FinishReason
 from refinery.strategies.cot import INSTRUCTION as COT_INSTRUCTION
 from refinery.strategies.execution import read_program
 from refinery.verifiers.math import extract_boxed
@@ -287,6 +287,26 @@ def _attach_run(c: Candidate, runs: list[TraceEvent]) -> None:
             return
 
 
+def _final_of(att: Attempt, out: list[Candidate], g: nx.DiGraph) -> Candidate | None:
+    """The candidate the final attempt is: the same text after cleaning (for a program,
+    the same program), preferring one among the ancestors of the attempt's events, as
+    sc's n samples share an event."""
+    roots: set[str] = set()
+    for eid in att.events:
+        if eid in g:
+            roots |= nx.ancestors(g, eid) | {eid}
+    target = clean_solution(att.text)
+    if any(c.program is not None for c in out) and att.text.startswith("```python\n"):
+        same = [c for c in out if c.program is not None
+                and att.text.startswith(f"```python\n{c.program.rstrip()}\n```")]
+    elif target is not None:
+        same = [c for c in out if (ct := clean_solution(c.raw)) is not None
+                and normalized(ct) == normalized(target)]
+    else:
+        same = []
+    return next((c for c in same if c.event_id in roots), same[0] if same else None)
+
+
 def _candidates_of_trace(trace: Trace, run: str, row: dict[str, Any] | None,
                          run_strategy: str, model: str) -> tuple[list[Candidate], nx.DiGraph]:
     g = trace.graph()
@@ -309,23 +329,7 @@ def _candidates_of_trace(trace: Trace, run: str, row: dict[str, Any] | None,
                 _attach_run(out[-1], runs.get(e.id, []))
     att = trace.attempt
     if att is not None and att.text:
-        # The final attempt's text equals one candidate's (after cleaning); prefer one
-        # among the ancestors of the attempt's events, as sc's n samples share an event.
-        target = clean_solution(att.text)
-        roots = set()
-        for eid in att.events:
-            if eid in g:
-                roots |= nx.ancestors(g, eid) | {eid}
-        programs = any(c.program is not None for c in out)
-        if programs and att.text.startswith("```python\n"):  # a run's report: by its program
-            same = [c for c in out if c.program is not None
-                    and att.text.startswith(f"```python\n{c.program.rstrip()}\n```")]
-        elif target is not None:
-            same = [c for c in out if (ct := clean_solution(c.raw)) is not None
-                    and normalized(ct) == normalized(target)]
-        else:
-            same = []
-        match = next((c for c in same if c.event_id in roots), same[0] if same else None)
+        match = _final_of(att, out, g)
         if match is None:  # text the strategy composed itself: a candidate of its own
             match = Candidate(problem_id=trace.task_id, run=run, raw=att.text,
                               finish_reason=att.finish_reason, step="final",

@@ -302,6 +302,11 @@ def build_rows(problems: Sequence[Problem], stats: BuildStats, *,
             meta = provenance(prob, ch, weight, rescued, easy)
             pairs.append(_pair_row(prob, ch, rj, meta, source, instruction))
             stats.pairs_by_source[source] = stats.pairs_by_source.get(source, 0) + 1
+    _totals(stats, drops, sft, pairs)
+    return sft, pairs
+
+
+def _totals(stats: BuildStats, drops: Counter[str], sft: list[Any], pairs: list[PairRow]) -> None:
     stats.dropped = {k: v for k, v in sorted(drops.items()) if v}
     stats.sft_rows, stats.pairs = len(sft), len(pairs)
     if pairs:
@@ -309,7 +314,6 @@ def build_rows(problems: Sequence[Problem], stats: BuildStats, *,
             sum(len(p.chosen[0].content) for p in pairs) / len(pairs), 1)
         stats.mean_rejected_chars = round(
             sum(len(p.rejected[0].content) for p in pairs) / len(pairs), 1)
-    return sft, pairs
 
 
 def _rescuers(prob: Problem, passing: list[Candidate]) -> tuple[list[Candidate], bool]:
