@@ -1,12 +1,13 @@
-"""One small round of the distillation loop on ``arith`` with the real model, end to end.
+"""Small rounds of the distillation loop on ``arith`` with the real model, end to end.
 
-Sample ``sc(cot, n=4)`` on 12 train problems with the session's base engine ->
-build -> LoRA SFT (3 steps of 4 rows, in a child process) -> merge -> a second
-vLLM engine on the merged checkpoint evaluates plain cot on 8 held-out problems
-(closed by the loop when done). If the 135M model verifiably solves fewer than 8
-rows' worth of train problems, reference solutions of unsolved train problems
-fill up to 8 rows (``gold_fallback_rows``): the point here is the plumbing.
-About 2-3 minutes on 2 cores.
+RAFT: ``sc(pot, n=4)`` on 8 train problems with the session's base engine ->
+verified programs as worked solutions -> LoRA SFT (2 steps, in a child process)
+-> merge -> a second vLLM engine on the merged checkpoint evaluates plain cot on
+4 held-out problems. PMD: the same round, plus the round's memory store and the
+self-teacher's run with it, whose rows train the student. If the 135M model
+verifiably solves fewer than 4 rows' worth of train problems, reference
+solutions fill up to 4 rows (``gold_fallback_rows``): the point here is the
+plumbing. About 1.5-2 minutes each on 2 cores.
 """
 
 from __future__ import annotations
@@ -16,59 +17,93 @@ import os
 
 import pytest
 
+from refinery import strategies
 from refinery.distill.loop import loop
 from refinery.distill.schema import read_rows
 from refinery.distill.train import read_train_record
 from refinery.engine.models import DEFAULT_MODEL, resolve_model
+from refinery.engine.run import solve_one
+from refinery.engine.trace import read_traces
+from refinery.engine.types import Task
+from refinery.strategies.memory_store import Lesson, MemoryStore
 
 pytestmark = pytest.mark.e2e
 
+TRAIN = {"max_steps": 2, "batch_size": 4, "max_length": 256, "loss_eval_rows": 8,
+         "learning_rate": 3e-4}
 
-async def test_one_loop_round_on_arith(vllm_backend, tmp_path) -> None:
+
+async def _round(backend, out, **options):
+    # Training threads left to the default (the idle cores): the session engine is
+    # idle while it trains.
+    report = await loop("arith", "sc(pot, n=4)", rounds=1, train_size=8, eval_size=4,
+                        out=str(out), backend=backend, progress=False, max_tokens=192,
+                        gold_fallback_rows=4, eval_sampler=False, train=TRAIN, **options)
+    [r] = report.rounds
+    return r
+
+
+def _check_rows_and_checkpoint(r, out) -> list:
+    """Rows verified (or gold), a trained and merged checkpoint that vLLM answered with."""
     from safetensors.torch import load_file
 
-    out = tmp_path / "loop"
-    # Training threads left to the default (the idle cores): the session engine is
-    # idle while it trains, so both cores here (training 56 s on 1 thread, 44 s on 2).
-    report = await loop(
-        "arith", "sc(cot, n=4)", rounds=1, train_size=12, eval_size=8, out=str(out),
-        backend=vllm_backend, progress=False, max_tokens=192, gold_fallback_rows=8,
-        train={"max_steps": 3, "batch_size": 4, "max_length": 256, "loss_eval_rows": 16,
-               "learning_rate": 3e-4})
-    [r] = report.rounds
-    model_dir = out / "round-1" / "model"
-    assert r.model_out == str(model_dir.resolve())
-
-    # Data: verified rows (plus gold fallback rows if the model solved too little).
     rows = read_rows(out / "round-1" / "sft.jsonl", "sft")
-    assert len(rows) == r.build.sft_rows >= 8
+    assert len(rows) == r.build.sft_rows >= 4
     own = [x for x in rows if x.metadata.verifier != "gold"]
     assert len(own) == r.build.sft_rows - r.gold_rows
-    for x in own:
-        assert x.metadata.source_run.endswith("sample") and x.metadata.model == DEFAULT_MODEL
-
-    # Training: 3 steps; the loss on the training rows went down.
-    rec = read_train_record(model_dir)
-    assert rec.sft.steps == 3 and len(rec.sft.losses) == 3
-    assert rec.config.threads is None and 1 <= rec.threads <= len(os.sched_getaffinity(0))
-    assert r.loss_before is not None and r.loss_after is not None
-    assert r.loss_after < r.loss_before, (r.loss_before, r.loss_after)
-
-    # The merged checkpoint's weights differ from the base in the LoRA-targeted layers only.
+    for x in own:  # verified programs, distilled as the worked solutions they compute
+        assert x.metadata.strategy == "pot" and x.metadata.model == DEFAULT_MODEL
+        assert "```" not in x.messages[-1].content
+        assert x.messages[-1].content.endswith(f"\\boxed{{{x.metadata.answer}}}.")
+    rec = read_train_record(out / "round-1" / "model")
+    assert rec.sft.steps == 2 and len(rec.sft.losses) == 2
+    assert 1 <= rec.threads <= len(os.sched_getaffinity(0))
     base = load_file(f"{resolve_model(DEFAULT_MODEL)}/model.safetensors")
-    new = load_file(str(model_dir / "model.safetensors"))
-    assert set(base) == set(new)
+    new = load_file(str(out / "round-1" / "model" / "model.safetensors"))
     changed = {k for k in base if not (new[k].float() == base[k].float()).all()}
-    linear = {k for k in base if k.endswith("proj.weight")}  # what all-linear LoRA targets
-    assert changed == linear, sorted(changed ^ linear)[:5]
-    key = "model.layers.0.self_attn.q_proj.weight"
-    assert (new[key].float() - base[key].float()).abs().max().item() < 0.5  # a nudge, not noise
-
-    # vLLM loaded the merged checkpoint and answered every held-out problem.
+    assert changed == {k for k in base if k.endswith("proj.weight")}  # all-linear LoRA
     results = [json.loads(x) for x in
                (out / "round-1" / "eval" / "results.jsonl").read_text().splitlines()]
-    assert len(results) == 8
-    assert all(x["model"] == r.model_out and x["error"] is None for x in results)
-    assert all(x["text"].strip() for x in results)
-    assert r.accuracy_after.n == 8 and r.accuracy_before.n == 8
+    assert len(results) == 4 and r.accuracy_after.n == 4 and r.accuracy_before.n == 4
+    assert all(x["model"] == r.model_out and x["error"] is None and x["text"].strip()
+               for x in results)
+    return rows
+
+
+async def test_one_raft_round_from_programs(vllm_backend, tmp_path) -> None:
+    out = tmp_path / "raft"
+    r = await _round(vllm_backend, out)
+    assert r.model_out == str((out / "round-1" / "model").resolve())
+    _check_rows_and_checkpoint(r, out)
+    assert r.memory is None and not (out / "round-1" / "memory").exists()
+    sample = read_traces(out / "round-1" / "sample" / "traces.jsonl")
+    assert len(sample) == 8 and all(any(e.step == "execute" for e in t.events) for t in sample)
     assert "| 1 |" in (out / "loop.md").read_text()
+
+
+async def test_one_pmd_round_teaches_with_memory_and_trains_without(vllm_backend,
+                                                                     tmp_path) -> None:
+    out = tmp_path / "pmd"
+    r = await _round(vllm_backend, out, pmd=True, max_lessons=4)
+    rows = _check_rows_and_checkpoint(r, out)
+    store_dir = out / "round-1" / "memory"
+    store = MemoryStore.load(store_dir)
+    assert r.memory is not None and r.memory.trajectories == len(store.trajectories) > 0
+    assert r.memory.lessons_kept == len(store.lessons) <= r.memory.lessons_written <= 4
+    # The teacher solved every train problem with the memory strategy; the student's
+    # rows are the questions as asked.
+    teacher = read_traces(out / "round-1" / "teacher" / "traces.jsonl")
+    assert len(teacher) == 8 and all(t.strategy.startswith("memory(") for t in teacher)
+    assert all(any(e.step == "memory" for e in t.events) for t in teacher)
+    assert not any("Lessons from similar problems" in m.content for x in rows
+                   for m in x.messages)
+    # The store the loop wrote, with one more lesson, is what `memory` puts in a prompt.
+    question = teacher[0].task.question
+    store.lessons.append(Lesson(id="l-test", problem_id="x", question=question,
+                                lesson="Write each step on its own line.", author="test"))
+    store.save(store_dir)
+    spec = f"memory(cot, store={json.dumps(str(store_dir))}, k=16)"
+    trace = await solve_one(strategies.build(spec), Task.from_prompt(question), vllm_backend)
+    [gen] = [e for e in trace.events if e.kind == "generation"]
+    assert "- Write each step on its own line." in gen.messages[-1].content
+    assert trace.attempt is not None and trace.task.question == question
