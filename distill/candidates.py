@@ -32,7 +32,7 @@ from refinery.distill.schema import (
 from refinery.engine.trace import StepKind, Trace, TraceEvent, read_traces
 from refinery.engine.types import Attempt, FinishReason
 from refinery.strategies.cot import INSTRUCTION as COT_INSTRUCTION
-from refinery.strategies.execution import read_program
+from refinery.strategies.execution import program_block, read_program
 from refinery.verifiers.math import extract_boxed
 
 __all__ = ["SOLUTION_STEPS", "BuildStats", "Candidate", "Problem", "clean_solution",
@@ -280,7 +280,7 @@ def _runs_of(trace: Trace) -> dict[str, list[TraceEvent]]:
 def _attach_run(c: Candidate, runs: list[TraceEvent]) -> None:
     """Mark ``c`` as a program with the answer its own run printed."""
     c.program = read_program(c.raw)
-    shown = f"```python\n{c.program.rstrip()}\n```"
+    shown = program_block(c.program)
     for r in runs:
         if (r.text or "").startswith(shown):
             c.executed = r.data.get("answer") if r.data.get("ok") else None
@@ -295,11 +295,10 @@ def _final_of(att: Attempt, out: list[Candidate], g: nx.DiGraph) -> Candidate | 
     for eid in att.events:
         if eid in g:
             roots |= nx.ancestors(g, eid) | {eid}
-    target = clean_solution(att.text)
-    if any(c.program is not None for c in out) and att.text.startswith("```python\n"):
-        same = [c for c in out if c.program is not None
-                and att.text.startswith(f"```python\n{c.program.rstrip()}\n```")]
-    elif target is not None:
+    programs = [c for c in out if c.program is not None]
+    if programs and att.text.startswith("```python\n"):
+        same = [c for c in programs if att.text.startswith(program_block(c.program or ""))]
+    elif (target := clean_solution(att.text)) is not None:
         same = [c for c in out if (ct := clean_solution(c.raw)) is not None
                 and normalized(ct) == normalized(target)]
     else:

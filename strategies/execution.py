@@ -80,6 +80,11 @@ def read_program(reply: str) -> str:
     return code
 
 
+def program_block(program: str) -> str:
+    """``program`` fenced as a run's report (and a trace) shows it."""
+    return f"```python\n{program.rstrip()}\n```"
+
+
 @dataclass(frozen=True)
 class Execution:
     """One program's run: its answer (the last line it printed), or why it failed."""
@@ -97,7 +102,7 @@ class Execution:
     def report(self) -> str:
         """The run as a trace and a thinking pane show it."""
         shown = f"output: {self.answer}" if self.ok else f"error: {self.error}"
-        return f"```python\n{self.program.rstrip()}\n```\n{shown}"
+        return f"{program_block(self.program)}\n{shown}"
 
 
 def judge(program: str, result: RunResult, *, numeric: bool) -> Execution:

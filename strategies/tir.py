@@ -14,7 +14,7 @@ from refinery.engine.errors import BudgetExhausted
 from refinery.engine.graph import ChildCost
 from refinery.engine.types import Attempt, Message, SamplingParams, Task
 from refinery.strategies.base import Strategy, StructuredParams, step_params
-from refinery.strategies.execution import Execution, execute_block, with_examples
+from refinery.strategies.execution import Execution, execute_block, program_block, with_examples
 from refinery.verifiers.math import extract_answer
 
 INSTRUCTION = ("Solve it with Python: write a ```python block that prints what you need; "
@@ -132,7 +132,7 @@ class ToolIntegratedReasoning(Strategy):
 
     async def _run(self, ctx: Context, code: str, parent: str) -> Execution:
         run = await execute_block(code)
-        ctx.emit("execute", f"```python\n{code.rstrip()}\n```{output_block(run)}",
+        ctx.emit("execute", f"{program_block(code)}{output_block(run)}",
                  strategy=self.name, parents=[parent], ok=run.ok, error=run.error,
                  seconds=run.seconds)
         return run

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from refinery.distill.programs import program_rationale
 from refinery.engine.trace import TraceEvent
+from refinery.strategies.execution import Execution, read_program
 from tests.distill._runs import Problem, gen, write_run
 from tests.distill.test_dataset import Q1, Q2, run_build, sft_of
 
@@ -43,9 +44,8 @@ def pot_problem(pid: str, programs: list[str], printed: list[str | None], gold: 
     """sc(pot, n=k): one generation of k programs, each with its execute event."""
     replies = [f"```python\n{p}```" for p in programs]
     events = [gen("g", "draft", replies, strategy="pot", question=question)]
-    for i, (p, out) in enumerate(zip(programs, printed, strict=True)):
-        report = (f"```python\n{p.rstrip()}\n\nprint(solution())\n```\n"
-                  + (f"output: {out}" if out is not None else "error: boom"))
+    for i, (reply, out) in enumerate(zip(replies, printed, strict=True)):
+        report = Execution(read_program(reply), out, None if out else "boom", 0.0).report()
         events.append(TraceEvent(id=f"x{i}", kind="step", step="execute", strategy="pot",
                                  parents=["g"], text=report,
                                  data={"ok": out is not None, "answer": out}))
