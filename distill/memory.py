@@ -8,7 +8,10 @@ does) and writes a :class:`~refinery.strategies.memory_store.MemoryStore`:
    (or ``teacher``, any OpenAI endpoint) is shown both and writes, in one
    sentence, the rule that separates them. A lesson is kept only if it changes
    a re-solve: ``solver`` (greedy) fails the problem without it and solves it
-   with it in the prompt. One that changes nothing, or makes it worse, is dropped;
+   with it in the prompt. One that changes nothing, or makes it worse, is dropped,
+   and so is one that names the problem's answer or any number of its question
+   before it is tried: it would pass the re-solve by handing over the answer and
+   teach nothing about other problems;
 3. **patterns**: lessons of different problems that share their content words
    (Jaccard >= ``link``) are linked, and each connected group covering two or
    more problems becomes a pattern, named by its central lesson and shared
@@ -32,6 +35,7 @@ import asyncio
 import hashlib
 import itertools
 import os
+import re
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,7 +54,7 @@ from refinery.strategies.memory_store import Lesson, MemoryStore, Pattern, Traje
 from refinery.strategies.registry import build as build_strategy
 from refinery.verifiers.math import is_equivalent
 
-__all__ = ["MemoryStats", "build_memory", "cluster_patterns", "lesson_prompt"]
+__all__ = ["MemoryStats", "build_memory", "cluster_patterns", "lesson_prompt", "names_the_problem"]
 
 LESSON = ("Problem: {question}\n\nA correct solution:\n{good}\n\nA wrong solution:\n{bad}\n\n"
           "In one sentence, state the general rule the correct solution follows and the wrong "
@@ -66,6 +70,7 @@ class MemoryStats(BaseModel):
     lessons_kept: int = 0
     lessons_unchanged: int = 0  # the re-solve came out the same with the lesson
     lessons_worse: int = 0  # solved without it, failed with it
+    lessons_specific: int = 0  # named the problem's answer or its numbers: not a rule
     patterns: int = 0
     store: str = ""
 
@@ -88,6 +93,22 @@ def _trajectories(problems: Sequence[Problem], round_: int) -> list[Trajectory]:
                        passed=bool(c.passed), verifier=c.verifier or "run", round=round_)
             for p in problems for c in p.candidates
             if (c.drop is None and c.passed is not None) or c.drop == "failed_run"]
+
+
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+
+
+def names_the_problem(lesson: str, question: str, gold: str) -> bool:
+    """Whether ``lesson`` carries the answer or a number of the question (not a general rule).
+
+    Example:
+        >>> names_the_problem("The answer is 46.", "Sam has 20 shells and gets 26.", "46")
+        True
+        >>> names_the_problem("Add what is gained.", "Sam has 20 shells and gets 26.", "46")
+        False
+    """
+    numbers = set(_NUMBER.findall((question + " " + gold).replace(",", "")))
+    return bool(numbers & set(_NUMBER.findall(lesson.replace(",", ""))))
 
 
 def _first_sentence(text: str) -> str:
@@ -147,6 +168,9 @@ async def _lesson(prob: Problem, author: Backend, author_name: str, backend: Bac
         return None
     stats.lessons_written += 1
     gold = prob.gold or ""
+    if names_the_problem(text, prob.prompt, gold):
+        stats.lessons_specific += 1
+        return None
     without, with_it = await asyncio.gather(
         _solves(solver, prob.prompt, gold, backend, None, max_tokens),
         _solves(solver, prob.prompt, gold, backend, text, max_tokens))

@@ -4,7 +4,9 @@ RAFT: ``sc(pot, n=4)`` on 8 train problems with the session's base engine ->
 verified programs as worked solutions -> LoRA SFT (2 steps, in a child process)
 -> merge -> a second vLLM engine on the merged checkpoint evaluates plain cot on
 4 held-out problems. PMD: the same round, plus the round's memory store and the
-self-teacher's run with it, whose rows train the student. If the 135M model
+self-teacher's run with it, whose rows train the student; it starts from the RAFT
+run's baseline and sampling (a loop resumes the evaluation runs it finds, and both
+rounds sample the same problems with the same weights and seed). If the 135M model
 verifiably solves fewer than 4 rows' worth of train problems, reference
 solutions fill up to 4 rows (``gold_fallback_rows``): the point here is the
 plumbing. About 1.5-2 minutes each on 2 cores.
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -70,9 +73,14 @@ def _check_rows_and_checkpoint(r, out) -> list:
     return rows
 
 
-async def test_one_raft_round_from_programs(vllm_backend, tmp_path) -> None:
-    out = tmp_path / "raft"
-    r = await _round(vllm_backend, out)
+@pytest.fixture(scope="module")
+async def raft_round(vllm_backend, tmp_path_factory):
+    out = tmp_path_factory.mktemp("loop") / "raft"
+    return out, await _round(vllm_backend, out)
+
+
+async def test_one_raft_round_from_programs(raft_round) -> None:
+    out, r = raft_round
     assert r.model_out == str((out / "round-1" / "model").resolve())
     _check_rows_and_checkpoint(r, out)
     assert r.memory is None and not (out / "round-1" / "memory").exists()
@@ -81,10 +89,13 @@ async def test_one_raft_round_from_programs(vllm_backend, tmp_path) -> None:
     assert "| 1 |" in (out / "loop.md").read_text()
 
 
-async def test_one_pmd_round_teaches_with_memory_and_trains_without(vllm_backend,
+async def test_one_pmd_round_teaches_with_memory_and_trains_without(raft_round, vllm_backend,
                                                                      tmp_path) -> None:
     out = tmp_path / "pmd"
+    shutil.copytree(raft_round[0] / "round-0", out / "round-0")
+    shutil.copytree(raft_round[0] / "round-1" / "sample", out / "round-1" / "sample")
     r = await _round(vllm_backend, out, pmd=True, max_lessons=4)
+    assert r.sample_accuracy == raft_round[1].sample_accuracy
     rows = _check_rows_and_checkpoint(r, out)
     store_dir = out / "round-1" / "memory"
     store = MemoryStore.load(store_dir)
