@@ -48,7 +48,7 @@ from refinery.distill.selection import build_rows
 from refinery.engine.backends.base import Backend
 from refinery.engine.run import solve_one
 from refinery.engine.types import Message, SamplingParams, Task
-from refinery.strategies.base import with_note
+from refinery.strategies.base import Strategy, with_note
 from refinery.strategies.memory import NOTE
 from refinery.strategies.memory_store import Lesson, MemoryStore, Pattern, Trajectory, keywords
 from refinery.strategies.registry import build as build_strategy
@@ -117,12 +117,12 @@ def _first_sentence(text: str) -> str:
     return (line[: end + 1] if end > 0 else line)[:300]
 
 
-async def _solves(solver: str, question: str, gold: str, backend: Backend,
+async def _solves(solver: Strategy, question: str, gold: str, backend: Backend,
                   note: str | None, max_tokens: int) -> bool:
     task = Task.from_prompt(question)
     if note:
         task = with_note(task, NOTE.format(lessons=f"- {note}"))
-    trace = await solve_one(build_strategy(solver), task, backend,
+    trace = await solve_one(solver, task, backend,
                             params=SamplingParams(temperature=0.0, max_tokens=max_tokens))
     answer = trace.attempt.answer if trace.attempt else None
     return answer is not None and is_equivalent(answer, gold)
@@ -155,7 +155,7 @@ def cluster_patterns(lessons: Sequence[Lesson], *, link: float = 0.34,
 
 
 async def _lesson(prob: Problem, author: Backend, author_name: str, backend: Backend,
-                  solver: str, max_tokens: int, round_: int,
+                  solver: Strategy, max_tokens: int, round_: int,
                   stats: MemoryStats) -> Lesson | None:
     """One problem's lesson, kept only if it turns a failed re-solve into a solved one."""
     usable = [c for c in prob.candidates if c.drop is None and c.passed is not None]
@@ -206,11 +206,11 @@ async def build_memory(runs: Sequence[str | Path], out: str | os.PathLike[str],
                      if c.drop is None and c.passed is not None}) == 2]
     stats.mixed_problems = len(mixed)
     author, name = (teacher, teacher_name) if teacher is not None else (backend, "policy")
-    gate = asyncio.Semaphore(concurrency)
+    gate, re_solver = asyncio.Semaphore(concurrency), build_strategy(solver)
 
     async def one(p: Problem) -> Lesson | None:
         async with gate:
-            return await _lesson(p, author, name, backend, solver, max_tokens, round, stats)
+            return await _lesson(p, author, name, backend, re_solver, max_tokens, round, stats)
 
     kept = [x for x in await asyncio.gather(*(one(p) for p in mixed[:max_lessons])) if x]
     stats.lessons_kept = len(kept)
