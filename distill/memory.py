@@ -9,7 +9,7 @@ does) and writes a :class:`~refinery.strategies.memory_store.MemoryStore`:
    sentence, the rule that separates them. A lesson is kept only if it changes
    a re-solve: ``solver`` (greedy) fails the problem without it and solves it
    with it in the prompt. One that changes nothing, or makes it worse, is dropped,
-   and so is one that names the problem's answer or any number of its question
+   and so is one that states an answer or names a number of its question,
    before it is tried: it would pass the re-solve by handing over the answer and
    teach nothing about other problems;
 3. **patterns**: lessons of different problems that share their content words
@@ -96,10 +96,13 @@ def _trajectories(problems: Sequence[Problem], round_: int) -> list[Trajectory]:
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
+# "The answer is 12", "the correct solution is \boxed{12}": an answer, of any problem.
+_STATES_ANSWER = re.compile(r"\b(?:answer|solution|result)\s+(?:is|=|:)\s*\S*\d|\\boxed\{",
+                            re.IGNORECASE)
 
 
 def names_the_problem(lesson: str, question: str, gold: str) -> bool:
-    """Whether ``lesson`` carries the answer or a number of the question (not a general rule).
+    """Whether ``lesson`` states an answer or a number of the question (not a general rule).
 
     Example:
         >>> names_the_problem("The answer is 46.", "Sam has 20 shells and gets 26.", "46")
@@ -107,6 +110,8 @@ def names_the_problem(lesson: str, question: str, gold: str) -> bool:
         >>> names_the_problem("Add what is gained.", "Sam has 20 shells and gets 26.", "46")
         False
     """
+    if _STATES_ANSWER.search(lesson):
+        return True
     numbers = set(_NUMBER.findall((question + " " + gold).replace(",", "")))
     return bool(numbers & set(_NUMBER.findall(lesson.replace(",", ""))))
 

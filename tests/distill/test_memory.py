@@ -22,7 +22,9 @@ def test_a_lesson_names_the_problem_by_its_answer_or_its_numbers() -> None:
     question = "Sam has 1,200 shells and finds 26 more. How many shells now?"
     assert names_the_problem("So the total is 1226.", question, "1226")
     assert names_the_problem("Start from 1200 and add.", question, "1226")
+    assert names_the_problem("The correct solution is 12.", question, "1226")  # any answer
     assert not names_the_problem("Add what is found to what one has.", question, "1226")
+    assert not names_the_problem("An hour is 60 minutes: convert first.", question, "1226")
 
 
 def _mixed(pid: str, question: str, gold: str, wrong: str) -> object:
