@@ -110,7 +110,6 @@ class Side:
     wall_seconds: float = 0.0
     requests: float = 0.0
     generated_tokens: float = 0.0
-    answers: int = 0
     correct: int = 0
     errors: list[str] = field(default_factory=list)
     answers: list[str | None] = field(default_factory=list)  # extracted, per problem
@@ -127,7 +126,6 @@ def prompt(question: str, algo: Algorithm) -> str:
 def grade(side: Side, texts: list[str | None], golds: list[str]) -> None:
     side.answers = [extract_answer(t) if t else None for t in texts]
     for text, gold in zip(texts, golds, strict=True):
-        side.answers += bool(text and text.strip())
         side.correct += bool(text) and is_equivalent(extract_answer(text), gold)
 
 
