@@ -258,7 +258,7 @@ def report_agreement(sides: list[Side]) -> None:
     """Each adaptive vote's agreement with the full vote of its own side."""
     for s in sides:
         full = next((f for f in sides if f.algorithm == "sc16" and f.name == s.name), None)
-        if s.algorithm not in ("beta", "adaptive") or full is None:
+        if s.algorithm not in ("beta", "adaptive") or full is None or not s.answers:
             continue
         same = sum(bool(a and b and is_equivalent(a, b))
                    for a, b in zip(s.answers, full.answers, strict=True))
