@@ -70,7 +70,7 @@ class MemoryStats(BaseModel):
     lessons_kept: int = 0
     lessons_unchanged: int = 0  # the re-solve came out the same with the lesson
     lessons_worse: int = 0  # solved without it, failed with it
-    lessons_specific: int = 0  # named the problem's answer or its numbers: not a rule
+    lessons_specific: int = 0  # stated an answer or the question's numbers: not a rule
     patterns: int = 0
     store: str = ""
 
