@@ -13,7 +13,14 @@ mirrored order), the server's prefix cache emptied before each timed pass:
 3. **floor**, a reference, not a competitor: vLLM's server asked directly, per
    problem and all at once, for as many requests and generated tokens as refinery's
    pass made (each request ``ignore_eos`` to its share of the tokens): the engine's
-   own time for that volume with no search, no levels and no layer in front.
+   own time for that volume with no search, no levels and no layer in front;
+4. **replay**, the floor that keeps the algorithm's order: every generation of
+   refinery's pass (read from its full trace), each sample with its own prompt
+   (a continued assistant turn continued) and its own token count, in the order
+   the algorithm needs them: calls that ran together are sent together, a call
+   that waited for others waits for their replay. The engine's time for the
+   same calls in the same dependency order with nothing in front: no layer
+   running this algorithm can beat it.
 
 ========  ================================================  ===========================
 name      refinery                                          its_hub
@@ -113,6 +120,41 @@ class Side:
     correct: int = 0
     errors: list[str] = field(default_factory=list)
     answers: list[str | None] = field(default_factory=list)  # extracted, per problem
+    traces: list[list[dict]] = field(default_factory=list, repr=False)  # refinery's, per problem
+
+
+@dataclass(frozen=True)
+class Call:
+    """One sample a trace recorded: the turn it continued and the tokens it generated."""
+
+    messages: tuple[tuple[str, str], ...]
+    tokens: int
+
+
+def phases(trace: dict) -> list[list[Call]]:
+    """A solve's samples grouped as they ran: generations that overlapped in time ran
+    together; one that started after all of a group had ended waited for that group."""
+    events = sorted((e for e in trace["events"] if e["kind"] == "generation"),
+                    key=lambda e: e["time"] - e["seconds"])
+    # A loop retry records no prompt: it re-asks its parent's turn (plus a nudge).
+    asked = {e["id"]: e["messages"] for e in events if e["messages"]}
+    out: list[list[Call]] = []
+    end = float("-inf")
+    for e in events:
+        start = e["time"] - e["seconds"]
+        if start >= end:
+            out.append([])
+        end = max(end, e["time"]) if start < end else e["time"]
+        messages = e["messages"] or asked.get((e["parents"] or [""])[0]) or []
+        turn = tuple((m["role"], m["content"] or "") for m in messages)
+        out[-1] += [Call(turn, max(1, c["completion_tokens"])) for c in e["completions"]
+                    if turn]
+    return out
+
+
+def shown(side: Side) -> str:
+    """One side's figures as a JSON line, without its traces."""
+    return json.dumps({k: v for k, v in asdict(side).items() if k != "traces"})
 
 
 def prompt(question: str, algo: Algorithm) -> str:
@@ -178,10 +220,12 @@ async def refinery_side(algo: Algorithm, prompts: list[str], a: argparse.Namespa
             try:
                 r = await api.chat.completions.create(
                     model=f"{algo.spec}@{DEFAULT_MODEL}", max_tokens=a.max_tokens,
-                    messages=[{"role": "user", "content": text}])
+                    messages=[{"role": "user", "content": text}],
+                    extra_body={"refinery": {"trace": "full"}})
             except Exception as exc:  # a side's failure is a figure, not a crash
                 side.errors.append(f"{type(exc).__name__}: {exc}"[:200])
                 return None
+            side.traces.append((r.model_extra or {}).get("refinery", {}).get("trace") or [])
             return r.choices[0].message.content
 
     try:
@@ -207,6 +251,28 @@ async def floor_side(prompts: list[str], like: Side, a: argparse.Namespace) -> N
         await asyncio.gather(*(one(p) for p in prompts))
 
 
+async def replay_side(like: Side, a: argparse.Namespace) -> None:
+    """Every sample of ``like``'s traces again, group after group, problems ``clients``
+    at a time."""
+    gate = asyncio.Semaphore(a.clients)
+    async with httpx.AsyncClient(timeout=3600) as http:
+        async def call(c: Call) -> None:
+            body = {"model": DEFAULT_MODEL, "max_tokens": c.tokens, "min_tokens": c.tokens,
+                    "ignore_eos": True, "temperature": 0.8,
+                    "messages": [{"role": r, "content": t} for r, t in c.messages]}
+            if c.messages[-1][0] == "assistant":
+                body |= {"continue_final_message": True, "add_generation_prompt": False}
+            (await http.post(url("vllm", "/v1/chat/completions"), json=body)).raise_for_status()
+
+        async def solve(traces: list[dict]) -> None:
+            async with gate:
+                for trace in traces:
+                    for group in phases(trace):
+                        await asyncio.gather(*(call(c) for c in group))
+
+        await asyncio.gather(*(solve(t) for t in like.traces))
+
+
 def run_algorithm(name: str, rnd: int, problems: list, warmup: list,
                   a: argparse.Namespace) -> list[Side]:
     """Both sides on ``problems`` (each first on ``warmup``, untimed), then the floor."""
@@ -230,12 +296,14 @@ def run_algorithm(name: str, rnd: int, problems: list, warmup: list,
             work = lambda s=side: refinery_side(algo, questions, a, s)  # noqa: E731
         grade(side, asyncio.run(timed(side, work)), golds)
         sides.append(side)
-        print(json.dumps(asdict(side)), flush=True)
+        print(shown(side), flush=True)
     ref = next(s for s in sides if s.name == "refinery")
-    floor = Side("floor", name)
+    floor, replay = Side("floor", name), Side("replay", name)
     asyncio.run(timed(floor, lambda: floor_side(prompts, ref, a)))
-    print(json.dumps(asdict(floor)), flush=True)
-    return [*sides, floor]
+    asyncio.run(timed(replay, lambda: replay_side(ref, a)))
+    for s in (floor, replay):
+        print(shown(s), flush=True)
+    return [*sides, floor, replay]
 
 
 def report(sides: list[Side], a: argparse.Namespace) -> None:
@@ -248,10 +316,11 @@ def report(sides: list[Side], a: argparse.Namespace) -> None:
     for name in a.algorithms:
         walls = {w: statistics.mean(s.wall_seconds for s in sides
                                     if s.algorithm == name and s.name == w)
-                 for w in ("its_hub", "refinery", "floor")}
+                 for w in ("its_hub", "refinery", "floor", "replay")}
         print(f"{name}: wall refinery/its_hub {walls['refinery'] / walls['its_hub']:.3f}; "
               f"floor/its_hub {walls['floor'] / walls['its_hub']:.3f}, "
-              f"floor/refinery {walls['floor'] / walls['refinery']:.3f}")
+              f"replay/its_hub {walls['replay'] / walls['its_hub']:.3f}, "
+              f"replay/refinery {walls['replay'] / walls['refinery']:.3f}")
 
 
 def report_agreement(sides: list[Side]) -> None:
