@@ -19,8 +19,9 @@ mirrored order), the server's prefix cache emptied before each timed pass:
    (a continued assistant turn continued) and its own token count, in the order
    the algorithm needs them: calls that ran together are sent together, a call
    that waited for others waits for their replay. The engine's time for the
-   same calls in the same dependency order with nothing in front: no layer
-   running this algorithm can beat it.
+   same calls in the same dependency order with nothing in front. It sends one
+   request per sample, so a layer that asks for n samples in one request (and
+   shares their prompt) can come in a few percent under it.
 
 ========  ================================================  ===========================
 name      refinery                                          its_hub
@@ -141,14 +142,17 @@ def phases(trace: dict) -> list[list[Call]]:
     out: list[list[Call]] = []
     end = float("-inf")
     for e in events:
+        messages = e["messages"] or asked.get((e["parents"] or [""])[0])
+        if not messages:
+            continue
         start = e["time"] - e["seconds"]
         if start >= end:
             out.append([])
-        end = max(end, e["time"]) if start < end else e["time"]
-        messages = e["messages"] or asked.get((e["parents"] or [""])[0]) or []
+            end = e["time"]
+        else:
+            end = max(end, e["time"])
         turn = tuple((m["role"], m["content"] or "") for m in messages)
-        out[-1] += [Call(turn, max(1, c["completion_tokens"])) for c in e["completions"]
-                    if turn]
+        out[-1] += [Call(turn, max(1, c["completion_tokens"])) for c in e["completions"]]
     return out
 
 
@@ -275,7 +279,8 @@ async def replay_side(like: Side, a: argparse.Namespace) -> None:
 
 def run_algorithm(name: str, rnd: int, problems: list, warmup: list,
                   a: argparse.Namespace) -> list[Side]:
-    """Both sides on ``problems`` (each first on ``warmup``, untimed), then the floor."""
+    """Both sides on ``problems`` (each first on ``warmup``, untimed), then the floor
+    and the replay of refinery's calls."""
     algo = ALGORITHMS[name]
     golds = [e.gold for e in problems]
     # refinery's strategies add their own instruction: they are sent the bare question;
