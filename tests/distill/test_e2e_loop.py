@@ -1,6 +1,6 @@
 """Small rounds of the distillation loop on ``arith`` with the real model, end to end.
 
-RAFT: ``sc(pot, n=4)`` on 8 train problems with the session's base engine ->
+RAFT: ``sc(pot, n=4)`` on 4 train problems with the session's base engine ->
 verified programs as worked solutions -> LoRA SFT (2 steps, in a child process)
 -> merge -> a second vLLM engine on the merged checkpoint evaluates plain cot on
 4 held-out problems. PMD: the same round, plus the round's memory store and the
@@ -32,6 +32,7 @@ from refinery.strategies.memory_store import Lesson, MemoryStore
 
 pytestmark = pytest.mark.e2e
 
+TRAIN_SIZE = 4
 TRAIN = {"max_steps": 2, "batch_size": 4, "max_length": 256, "loss_eval_rows": 8,
          "learning_rate": 3e-4}
 
@@ -39,8 +40,8 @@ TRAIN = {"max_steps": 2, "batch_size": 4, "max_length": 256, "loss_eval_rows": 8
 async def _round(backend, out, **options):
     # Training threads left to the default (the idle cores): the session engine is
     # idle while it trains.
-    report = await loop("arith", "sc(pot, n=4)", rounds=1, train_size=8, eval_size=4,
-                        out=str(out), backend=backend, progress=False, max_tokens=192,
+    report = await loop("arith", "sc(pot, n=4)", rounds=1, train_size=TRAIN_SIZE,
+                        eval_size=4, out=str(out), backend=backend, progress=False, max_tokens=192,
                         gold_fallback_rows=4, eval_sampler=False, train=TRAIN, **options)
     [r] = report.rounds
     return r
@@ -85,7 +86,8 @@ async def test_one_raft_round_from_programs(raft_round) -> None:
     _check_rows_and_checkpoint(r, out)
     assert r.memory is None and not (out / "round-1" / "memory").exists()
     sample = read_traces(out / "round-1" / "sample" / "traces.jsonl")
-    assert len(sample) == 8 and all(any(e.step == "execute" for e in t.events) for t in sample)
+    assert len(sample) == TRAIN_SIZE
+    assert all(any(e.step == "execute" for e in t.events) for t in sample)
     assert "| 1 |" in (out / "loop.md").read_text()
 
 
@@ -104,7 +106,8 @@ async def test_one_pmd_round_teaches_with_memory_and_trains_without(raft_round, 
     # The teacher solved every train problem with the memory strategy; the student's
     # rows are the questions as asked.
     teacher = read_traces(out / "round-1" / "teacher" / "traces.jsonl")
-    assert len(teacher) == 8 and all(t.strategy.startswith("memory(") for t in teacher)
+    assert len(teacher) == TRAIN_SIZE
+    assert all(t.strategy.startswith("memory(") for t in teacher)
     assert all(any(e.step == "memory" for e in t.events) for t in teacher)
     assert not any("Lessons from similar problems" in m.content for x in rows
                    for m in x.messages)

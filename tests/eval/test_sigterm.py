@@ -33,6 +33,9 @@ ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
 # The Ctrl-C run goes beside the SIGTERM test, each engine on a core of its own: an
 # engine start is mostly one-core imports, so the module takes one start less.
 CPUS = sorted(os.sched_getaffinity(0))
+# Enough problems that the first answers come long before the last, few enough that
+# the rerun finishes the rest quickly.
+LIMIT = 32
 
 
 def _env(slot: int) -> dict[str, str]:
@@ -42,8 +45,8 @@ def _env(slot: int) -> dict[str, str]:
 
 
 def _command(out: Path) -> list[str]:
-    return [str(REFINERY), "eval", "run", "--dataset", "arith", "--limit", "64", "--strategy",
-            "cot", "--max-tokens", "64", "--out", str(out), "--no-progress"]
+    return [str(REFINERY), "eval", "run", "--dataset", "arith", "--limit", str(LIMIT),
+            "--strategy", "cot", "--max-tokens", "64", "--out", str(out), "--no-progress"]
 
 
 def _start_and_wait_for_answers(cmd: list[str], results: Path,
@@ -113,14 +116,15 @@ def test_sigterm_closes_the_engine_and_the_rerun_finishes_cleanly(tmp_path):
         gone, alive = psutil.wait_procs(engine, timeout=60)
         assert not alive, [p.cmdline() for p in alive]
         done = results.read_text().splitlines()
-        assert 0 < len(done) < 64
+        assert 0 < len(done) < LIMIT
 
         # Concurrency is not part of a run's identity: the rerun resumes with more.
         rerun = subprocess.run(cmd + ["--concurrency", "16"], capture_output=True, text=True,
                                env=_env(0), timeout=900)
         out = rerun.stdout + rerun.stderr
         assert rerun.returncode == 0, out[-2000:]
-        assert f"64/64 problems ({64 - len(done)} run now, {len(done)} already done)" in out
+        rest = LIMIT - len(done)
+        assert f"{LIMIT}/{LIMIT} problems ({rest} run now, {len(done)} already done)" in out
         assert "Exception ignored" not in out and "Traceback" not in out, out[-3000:]
     finally:
         if proc.poll() is None:
@@ -143,5 +147,5 @@ def test_ctrl_c_drains_then_exits_130_with_every_started_problem_recorded(ctrl_c
     # Every line whole, and each recorded problem has its one trace.
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     ids = [json.loads(line)["task_id"] for line in traces.read_text().splitlines()]
-    assert 0 < len(rows) < 64 and sorted(r["id"] for r in rows) == sorted(ids)
-    assert f"{len(rows)}/64 problems ({len(rows)} run now, 0 already done)" in done.out
+    assert 0 < len(rows) < LIMIT and sorted(r["id"] for r in rows) == sorted(ids)
+    assert f"{len(rows)}/{LIMIT} problems ({len(rows)} run now, 0 already done)" in done.out
