@@ -9,7 +9,7 @@ run's baseline and sampling (a loop resumes the evaluation runs it finds, and bo
 rounds sample the same problems with the same weights and seed). If the 135M model
 verifiably solves fewer than 4 rows' worth of train problems, reference
 solutions fill up to 4 rows (``gold_fallback_rows``): the point here is the
-plumbing. About 1.5-2 minutes each on 2 cores.
+plumbing. About 2-3.5 minutes each on 2 AVX2 cores.
 """
 
 from __future__ import annotations
