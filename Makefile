@@ -19,6 +19,9 @@ MODEL ?= smollm2-135m
 RUNS ?= runs
 # vLLM CPU: KV cache in GiB, and no engine subprocess surprises in tests.
 export VLLM_CPU_KVCACHE_SPACE ?= 4
+# The suite's engines: 2 GiB holds what its tests run at once, and each GiB costs
+# about 1.4 s of engine start (allocated and touched before the first request).
+TEST_KVCACHE_GIB ?= 2
 export TOKENIZERS_PARALLELISM ?= false
 
 # Peers measured side by side with refinery (bench/vs_optillm.py, bench/vs_its_hub.py),
@@ -73,16 +76,16 @@ serve: setup-serve
 
 test: setup
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q -p no:cacheprovider --durations=10 $(PYTEST_ARGS)
+	VLLM_CPU_KVCACHE_SPACE=$(TEST_KVCACHE_GIB) $(PY) -m pytest -q -p no:cacheprovider --durations=10 $(PYTEST_ARGS)
 
 # The whole suite with the full repetition counts of docs/reliability.md (kill loops,
 # sandbox soak, schema fuzzing); `make test` runs fewer of each.
 test-all: setup
 	$(VENV)/bin/ruff check .
-	REFINERY_TEST_ALL=1 $(PY) -m pytest -q -p no:cacheprovider --durations=10 $(PYTEST_ARGS)
+	REFINERY_TEST_ALL=1 VLLM_CPU_KVCACHE_SPACE=$(TEST_KVCACHE_GIB) $(PY) -m pytest -q -p no:cacheprovider --durations=10 $(PYTEST_ARGS)
 
 test-fast: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m "not e2e" $(PYTEST_ARGS)
+	VLLM_CPU_KVCACHE_SPACE=$(TEST_KVCACHE_GIB) $(PY) -m pytest -q -p no:cacheprovider -m "not e2e" $(PYTEST_ARGS)
 
 bench-peers: $(PEERS)/optillm/.installed $(PEERS)/its_hub/.installed
 

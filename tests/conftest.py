@@ -19,7 +19,7 @@ import pytest
 
 from refinery.engine.models import DEFAULT_MODEL
 
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")  # as `make test` runs
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Ray reads its auth mode once, when first imported (vLLM imports it): the test
 # clusters (tests/eval/test_ray_pool.py) use token auth, as `ray start` does, with a
@@ -71,7 +71,10 @@ def running_vllm_server(model_path: str, args: list[str], log: Path,
     ``vllm`` console script of vllm-cpu fails) with ``args`` after the common ones;
     yields its root URL once /health answers, stops it on exit."""
     port = free_port()
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kvcache_gb)}
+    # The model in the engine core process, as VLLMBackend runs it on CPU: one
+    # process start less (engine/backends/vllm.py, worker_in_engine_core).
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kvcache_gb),
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,

@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from refinery.engine.backends.vllm import VLLMBackend, VLLMConfig, all_cpus
+from refinery.engine.backends.vllm import (
+    VLLMBackend,
+    VLLMConfig,
+    all_cpus,
+    model_in_engine_core,
+    one_process_engine,
+)
 from refinery.engine.errors import (
     EngineStartError,
     InvalidRequestError,
@@ -177,26 +183,61 @@ async def test_engine_start_failure_suggests_memory_settings():
         await VLLMBackend.create(DEFAULT_MODEL, VLLMConfig(max_model_len=10_000_000))
 
 
-def thread_cpus(pid: int) -> set[int]:
-    """The CPUs the single-CPU-pinned threads of ``pid`` run on (vLLM's OMP threads)."""
-    pinned = set()
+def thread_cpus(pid: int) -> list[set[int]]:
+    """The CPUs each thread of ``pid`` may run on."""
+    allowed = []
     for status in Path(f"/proc/{pid}/task").glob("*/status"):
-        with contextlib.suppress(OSError):  # a thread may end while we read
+        with contextlib.suppress(OSError, StopIteration):  # a thread may end while we read
             line = next(ln for ln in status.read_text().splitlines()
                         if ln.startswith("Cpus_allowed_list:"))
-            cpus = line.split(":")[1].strip()
-            if cpus.isdigit():
-                pinned.add(int(cpus))
-    return pinned
+            allowed.append(set(parse_cpu_list(line.split(":")[1].strip())))
+    return allowed
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """``"0-2,5"`` -> ``[0, 1, 2, 5]``."""
+    cpus = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 async def test_engine_computes_on_every_allowed_cpu(vllm_backend):
     # vLLM's "auto" binding keeps a core for its scheduler: half the pool on 2 cores.
-    every = sorted(os.sched_getaffinity(0))
-    assert all_cpus() == ",".join(map(str, every))
+    # By default the model runs in the core process itself, none of whose threads
+    # is held to a part of the pool.
+    every = set(os.sched_getaffinity(0))
+    assert all_cpus() == ",".join(map(str, sorted(every)))
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == all_cpus()
-    pinned = set().union(*(thread_cpus(p.pid) for p in vllm_backend.engine_procs))
-    assert pinned == set(every)
+    [core] = vllm_backend.engine_procs
+    assert core.name() == "VLLM::EngineCore"
+    threads = thread_cpus(core.pid)
+    assert len(threads) > 4 and all(cpus == every for cpus in threads)
+
+
+def test_a_narrower_bind_list_keeps_vllms_worker_process(monkeypatch):
+    # vLLM pins OMP threads only in a worker process of its own.
+    config = VLLMConfig()
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", all_cpus())
+    assert model_in_engine_core(config, is_cpu=True)
+    assert not model_in_engine_core(config, is_cpu=False)
+    assert not model_in_engine_core(VLLMConfig(worker_in_engine_core=False), is_cpu=True)
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", str(min(os.sched_getaffinity(0))))
+    assert model_in_engine_core(config, is_cpu=True) == (len(os.sched_getaffinity(0)) == 1)
+
+
+def test_building_an_engine_in_one_process_restores_the_environment(monkeypatch):
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    with one_process_engine(True):
+        assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    with one_process_engine(True):
+        assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    with one_process_engine(False):
+        assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
 
 
 async def test_explicit_cpu_threads_setting_wins(monkeypatch):
