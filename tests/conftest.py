@@ -1,4 +1,4 @@
-"""Shared fixtures. One real vLLM engine per test session (it takes ~45 s to
+"""Shared fixtures. One real vLLM engine per test session (it takes 15-30 s to
 start on 2 CPU cores), started lazily by the first test that needs it."""
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ def running_vllm_server(model_path: str, args: list[str], log: Path,
 @pytest.fixture(scope="session")
 def vllm_server(model_path, tmp_path_factory):
     """vLLM's own OpenAI server, its /v1 URL. A second engine, started once for the
-    session: four modules use it and each start costs ~35 s (its idle engine costs
-    no CPU)."""
+    session: four modules use it and each start costs 15-30 s (its idle engine
+    costs no CPU)."""
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
     args = ["--served-model-name", DEFAULT_MODEL,
             # as the in-process engine runs: JSON without free whitespace, which a

@@ -9,7 +9,7 @@ that ends in anything but a full answer or a well-formed OpenAI error (a 503
 body, or an error chunk followed by ``data: [DONE]``) counts as lost, and lost
 must be 0.
 
-Each engine start costs ~45-100 s on this machine, so one server is reused
+Each engine start costs 15-40 s on 2 cores, so one server is reused
 where the fault allows it (the restarted server also serves the SIGTERM test).
 """
 
