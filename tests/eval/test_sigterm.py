@@ -99,7 +99,7 @@ def ctrl_c_run(tmp_path_factory):
     thread.join(600)
 
 
-def test_sigterm_closes_the_engine_and_the_rerun_finishes_cleanly(tmp_path):
+def test_sigterm_closes_the_engine_and_the_rerun_finishes_cleanly(tmp_path, ctrl_c_run):
     cmd = _command(tmp_path / "run")
     results = tmp_path / "run" / "results.jsonl"
     proc = _start_and_wait_for_answers(cmd + ["--concurrency", "4"], results, _env(0))
@@ -118,9 +118,11 @@ def test_sigterm_closes_the_engine_and_the_rerun_finishes_cleanly(tmp_path):
         done = results.read_text().splitlines()
         assert 0 < len(done) < LIMIT
 
-        # Concurrency is not part of a run's identity: the rerun resumes with more.
+        # Concurrency is not part of a run's identity: the rerun resumes with more,
+        # on both cores once the Ctrl-C run beside it has ended.
+        ctrl_c_run[2].join(600)
         rerun = subprocess.run(cmd + ["--concurrency", "16"], capture_output=True, text=True,
-                               env=_env(0), timeout=900)
+                               env=ENV, timeout=900)
         out = rerun.stdout + rerun.stderr
         assert rerun.returncode == 0, out[-2000:]
         rest = LIMIT - len(done)
