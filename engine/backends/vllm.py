@@ -113,10 +113,11 @@ class VLLMConfig:
     block_size: int | None = 32
     # On CPU, run the model in the engine core process instead of a worker process
     # of its own (vLLM's "uni" executor; its CPU default spawns one worker, which
-    # imports torch and vLLM again): an engine's start and shutdown take ~9 s less
-    # on 2 cores, at the same tokens/s and CPU time. vLLM binds OMP threads to CPUs
-    # only in a worker process, so a bind list narrower than every CPU this process
-    # may use (``cpu_threads``, VLLM_CPU_OMP_THREADS_BIND) keeps the worker.
+    # imports torch and vLLM again): an engine's start and shutdown take about 8 s less
+    # on 2 cores, at the same tokens/s and CPU time (bench/engine_process.py). vLLM
+    # binds OMP threads to CPUs only in a worker process, so a bind list narrower
+    # than every CPU this process may use (``cpu_threads``, VLLM_CPU_OMP_THREADS_BIND)
+    # keeps the worker.
     worker_in_engine_core: bool = True
     extra: tuple[tuple[str, Any], ...] = ()
 
