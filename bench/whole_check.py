@@ -68,7 +68,7 @@ async def one_pass(side: str, max_tokens: int, examples, engine: VLLMBackend | N
                    a: argparse.Namespace) -> Pass:
     """One timed pass of every question, on ``engine`` or else on the vLLM server;
     the engine's prefix cache emptied first."""
-    from refinery.engine.graph import build_strategy
+    from refinery.strategies.spec import build_strategy
     from refinery.strategies.registry import REGISTRY
     from refinery.verifiers.math import extract_answer, is_equivalent
 

@@ -53,7 +53,7 @@ from refinery.engine.errors import (
     InvalidRequestError,
     RefineryError,
 )
-from refinery.engine.graph import non_default, to_mermaid, to_spec
+from refinery.strategies.spec import non_default, to_mermaid, to_spec
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.run import iter_run

@@ -112,7 +112,7 @@ def solve(
     from refinery.strategies import build_with_graph
 
     async def main() -> None:
-        from refinery.engine.graph import to_spec
+        from refinery.strategies.spec import to_spec
 
         strat, graph = build_with_graph(strategy)
         be = await make_backend(BackendSpec(model, backend, tuple(base_url or ()),
@@ -145,7 +145,7 @@ def solve(
 @app.command()
 def graph(spec: str, max_calls: int = typer.Option(2000, help="refuse specs above this")) -> None:
     """Validate SPEC, print it as mermaid text and its worst-case call count."""
-    from refinery.engine.graph import to_mermaid, to_spec, worst_case_calls
+    from refinery.strategies.spec import to_mermaid, to_spec, worst_case_calls
     from refinery.strategies import build_with_graph
 
     try:

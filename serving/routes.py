@@ -12,7 +12,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from refinery.engine.errors import BackendUnavailableError, NotFoundError, RefineryError
-from refinery.engine.graph import worst_case_calls
+from refinery.strategies.spec import worst_case_calls
 from refinery.serving.dependencies import State, admit, authorize
 from refinery.serving.endpoints import CHAT, COMPLETION
 from refinery.serving.errors import error_response

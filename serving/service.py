@@ -42,7 +42,7 @@ from refinery.engine.errors import (
     SpecError,
     UnknownModelError,
 )
-from refinery.engine.graph import MAX_SPEC_CHARS, to_spec
+from refinery.strategies.spec import MAX_SPEC_CHARS, to_spec
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.run import EXHAUSTED, ChoiceListener, ChoiceSink, Solver, solve_choices
 from refinery.engine.trace import Trace

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted, RefineryError
-from refinery.engine.graph import ChildCost
+from refinery.strategies.spec import ChildCost
 from refinery.engine.stops import AbortSwitch, as_rule, combine
 from refinery.engine.types import Attempt, Task
 from refinery.strategies.base import (

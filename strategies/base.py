@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from refinery.engine.constraints import Constraint, structured_mode
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted, RefineryError, SpecError
-from refinery.engine.graph import (
+from refinery.strategies.spec import (
     ChildCost,
     check_inner_count,
     format_call,
@@ -82,7 +82,7 @@ class Strategy:
     strategies, and a ``worst_case`` call count used by the graph to bound cost.
 
     Checking is done once per path, by the same functions of
-    :mod:`refinery.engine.graph` (so the messages are the same): a spec is
+    :mod:`refinery.strategies.spec` (so the messages are the same): a spec is
     checked by the graph, which builds each node with :meth:`from_validated`;
     Python construction (``SelfConsistency(CoT(), n=4)``) is checked here.
     """
@@ -109,7 +109,7 @@ class Strategy:
 
     @classmethod
     def from_validated(cls: type[S], inner: Sequence[Strategy], params: StrategyParams) -> S:
-        """The strategy of a graph node: :func:`~refinery.engine.graph.validate` already
+        """The strategy of a graph node: :func:`~refinery.strategies.spec.validate` already
         checked ``params`` and the number of ``inner`` strategies, so nothing is redone."""
         strategy = cls.__new__(cls)
         strategy.inner = tuple(inner)

@@ -9,7 +9,7 @@ from pydantic import Field
 
 from refinery.engine.constraints import Constraint
 from refinery.engine.context import Context
-from refinery.engine.graph import ChildCost
+from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies.base import (
     Detail,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from pydantic import Field, model_validator
 
-from refinery.engine.graph import ChildCost
+from refinery.strategies.spec import ChildCost
 from refinery.strategies.step_search import SearchParams, StepPath, StepSearch
 
 

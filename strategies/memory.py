@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from refinery.engine.context import Context
-from refinery.engine.graph import ChildCost
+from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Task
 from refinery.strategies.base import Strategy, StrategyParams, with_note
 from refinery.strategies.cot import CoT, sample_inner

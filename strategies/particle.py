@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from refinery.engine.graph import ChildCost
+from refinery.strategies.spec import ChildCost
 from refinery.strategies.step_search import SearchParams, StepPath, StepSearch
 
 

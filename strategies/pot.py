@@ -9,7 +9,7 @@ from pydantic import Field
 
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted
-from refinery.engine.graph import ChildCost
+from refinery.strategies.spec import ChildCost
 from refinery.engine.trace import StepKind
 from refinery.engine.types import Attempt, Completion, Message, SamplingParams, Task
 from refinery.strategies.base import Strategy, StructuredParams, step_params

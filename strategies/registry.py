@@ -1,4 +1,4 @@
-"""The strategy registry: name (and aliases) -> entry, as ``refinery.engine.graph`` expects.
+"""The strategy registry: name (and aliases) -> entry, as ``refinery.strategies.spec`` expects.
 
 Each entry exposes the class, its Params model, how many inner strategies it
 takes (positional arguments in a spec), its default inner strategies, and its
@@ -23,7 +23,7 @@ from typing import Any
 import networkx as nx
 from pydantic import BaseModel
 
-from refinery.engine.graph import DEFAULT_MAX_CALLS, ChildCost, build_strategy, type_name
+from refinery.strategies.spec import DEFAULT_MAX_CALLS, ChildCost, build_strategy, type_name
 from refinery.strategies.adaptive_sc import AdaptiveSelfConsistency
 from refinery.strategies.base import Strategy
 from refinery.strategies.beam import BeamSearch

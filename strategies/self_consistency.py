@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from refinery.engine.context import Context
-from refinery.engine.graph import ChildCost
+from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Task
 from refinery.strategies.base import Detail, LoopStrategy, SampledParams, Scored
 from refinery.strategies.cot import CoT, sample_inner

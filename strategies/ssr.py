@@ -8,7 +8,7 @@ from typing import ClassVar
 from pydantic import Field
 
 from refinery.engine.context import Context
-from refinery.engine.graph import ChildCost
+from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Task
 from refinery.strategies import socratic
 from refinery.strategies.base import LoopStrategy, Scored, StructuredParams

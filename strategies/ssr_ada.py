@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from refinery.engine.graph import ChildCost
+from refinery.strategies.spec import ChildCost
 from refinery.strategies import socratic
 from refinery.strategies.ssr import SSR
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from refinery.engine.constraints import Constraint
 from refinery.engine.context import Context, Generation
 from refinery.engine.errors import BudgetExhausted
-from refinery.engine.graph import ChildCost
+from refinery.strategies.spec import ChildCost
 from refinery.engine.trace import StepKind
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies import socratic

@@ -9,7 +9,7 @@ from types import MappingProxyType
 from typing import Any
 
 from refinery.engine.context import Budget
-from refinery.engine.graph import DEFAULT_MAX_CALLS
+from refinery.strategies.spec import DEFAULT_MAX_CALLS
 from refinery.serving.config import ServerConfig, load_allowed_hosts
 
 

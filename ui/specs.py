@@ -22,7 +22,7 @@ import networkx as nx
 from pydantic import BaseModel, Field
 
 from refinery.engine.errors import RefineryError
-from refinery.engine.graph import DEFAULT_MAX_CALLS, children, non_default, parse_spec, to_spec
+from refinery.strategies.spec import DEFAULT_MAX_CALLS, children, non_default, parse_spec, to_spec
 from refinery.strategies.registry import REGISTRY, build_with_graph
 
 

@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 
 from refinery.engine.context import Budget
 from refinery.engine.errors import RefineryError
-from refinery.engine.graph import worst_case_calls
+from refinery.strategies.spec import worst_case_calls
 from refinery.engine.trace import Trace, TraceEvent
 from refinery.engine.types import Message
 from refinery.strategies.registry import build_with_graph

@@ -10,7 +10,7 @@ import pytest
 from pydantic import BaseModel, ConfigDict
 
 from refinery.engine.errors import BudgetError, SpecError
-from refinery.engine.graph import (
+from refinery.strategies.spec import (
     build_strategy,
     children,
     parse_spec,
@@ -189,7 +189,7 @@ def test_graph_with_a_foreign_registry():
     strategy, _ = build_strategy("pair(leaf(k=5), leaf)", registry)
     # build() gets the params the graph validated, not the raw keywords
     assert strategy == ("pair", [("leaf", Knobs(k=5)), ("leaf", Knobs(k=2))])
-    tree = ast.parse(Path(__file__).parents[2].joinpath("engine", "graph.py").read_text())
+    tree = ast.parse(Path(__file__).parents[2].joinpath("strategies", "spec.py").read_text())
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not any(m.split(".")[0] == "strategies" for m in imported if m)
