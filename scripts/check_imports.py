@@ -2,7 +2,9 @@
 
 Static part: every ``import`` / ``from ... import`` of a ``refinery`` module,
 anywhere in a file (deferred imports inside functions count: a deferred import
-hides a cycle, it does not remove it), becomes an edge; any cycle is reported.
+hides a cycle, it does not remove it; relative ones count as what they resolve
+to), becomes an edge; any cycle is reported. The modules are those of the layer
+folders pyproject.toml lists, read by the layer test's scanner (tests/repo_layout.py).
 Dynamic part (``--fresh``): each module is imported in a fresh interpreter, so
 an order-dependent import (one that works only after some other module ran)
 shows up.
@@ -13,9 +15,6 @@ shows up.
 
 from __future__ import annotations
 
-import ast
-import importlib.util
-import pkgutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -23,37 +22,18 @@ from pathlib import Path
 
 import networkx as nx
 
-import refinery
-
-LAYERS = ("engine", "verifiers", "strategies", "serving", "eval", "distill", "ui")
-
-
-def modules() -> dict[str, Path]:
-    """Every module of the refinery distribution: dotted name -> file."""
-    out = {"refinery": Path(refinery.__file__)}
-    for info in pkgutil.iter_modules(refinery.__path__, "refinery."):
-        out[info.name] = Path(refinery.__path__[0]) / f"{info.name.split('.')[-1]}.py"
-    for layer in LAYERS:
-        # find_spec, not import: the editable install maps the layer folders by name.
-        spec = importlib.util.find_spec(f"refinery.{layer}")
-        out[spec.name] = Path(spec.origin)
-        for info in pkgutil.walk_packages(spec.submodule_search_locations, f"{spec.name}."):
-            sub = importlib.util.find_spec(info.name)
-            if sub is not None and sub.origin:
-                out[info.name] = Path(sub.origin)
-    return out
+# The layer list and the import scanner are the layer test's: tests/repo_layout.py.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.repo_layout import imports, modules  # noqa: E402
 
 
-def _targets(node: ast.AST, mods: dict[str, Path]) -> list[str]:
-    if isinstance(node, ast.Import):
-        return [a.name for a in node.names if a.name in mods]
-    if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
-        return []
-    if node.module not in mods:
-        return []
-    # "from pkg import sub" imports the submodule when there is one, else pkg itself
-    subs = [f"{node.module}.{a.name}" for a in node.names]
-    return [s if s in mods else node.module for s in subs]
+def _target(name: str, mods: dict[str, Path]) -> str | None:
+    """The module an imported name lands in: ``m.x`` is the submodule ``m.x`` when
+    there is one, else the module ``m`` (``x`` is one of its attributes)."""
+    if name in mods:
+        return name
+    parent = name.rpartition(".")[0]
+    return parent if parent in mods else None
 
 
 def import_graph(mods: dict[str, Path] | None = None) -> nx.DiGraph:
@@ -61,8 +41,9 @@ def import_graph(mods: dict[str, Path] | None = None) -> nx.DiGraph:
     g = nx.DiGraph()
     g.add_nodes_from(mods)
     for name, path in mods.items():
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            g.add_edges_from((name, t) for t in _targets(node, mods) if t != name)
+        # under `if TYPE_CHECKING:` an import never runs: it closes no cycle
+        targets = {_target(imp.name, mods) for imp in imports(path, name) if not imp.type_only}
+        g.add_edges_from((name, t) for t in targets if t is not None and t != name)
     return g
 
 

@@ -2,22 +2,20 @@
 
     engine <- verifiers <- strategies <- {serving, eval, distill, ui} <- refinery
 
-Every import counts, deferred ones inside functions included (a deferred import
-hides a dependency, it does not remove it), and a relative import counts as the
+The layers are pyproject.toml's ``[tool.refinery] layers`` (read through
+tests/repo_layout.py, which also scans the imports). Every import counts,
+deferred ones inside functions included, and a relative import counts as the
 absolute module it resolves to. Among the four packages of the third layer only
 the imports in ``SIBLINGS`` are allowed; docs/architecture.md draws the same
-picture.
+picture. A top-level folder that is a package but no layer fails too: it would
+be neither checked here nor installed.
 """
 
 from __future__ import annotations
 
-import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-LAYER = {"engine": 0, "verifiers": 1, "strategies": 2,
-         "serving": 3, "eval": 3, "distill": 3, "ui": 3, "refinery": 4}
+from tests.repo_layout import ROOT, imports, layers, modules
 
 SIBLINGS = {
     # the loop samples and scores through eval's runner, datasets, metrics and Ray pool
@@ -28,81 +26,66 @@ SIBLINGS = {
     ("ui", "serving"),
 }
 
-
-def _package_of(path: Path, root: Path) -> list[str]:
-    """The dotted package a module's relative imports start from, as parts.
-
-    ``engine/backends/vllm.py`` and ``engine/backends/__init__.py`` both sit in
-    ``refinery.engine.backends``; ``refinery/cli.py`` sits in ``refinery``.
-    """
-    parts = list(path.relative_to(root).parts[:-1])
-    return parts if parts[0] == "refinery" else ["refinery", *parts]
+# Top-level packages that are not part of the distribution.
+NOT_INSTALLED = {"tests"}
 
 
-def _absolute(node: ast.ImportFrom, package: list[str]) -> str:
-    """The module a ``from`` import names, relative levels resolved against ``package``.
-
-    A level that climbs above ``refinery`` resolves to ``refinery``: out of every
-    layer, so the import is always reported.
-    """
-    if not node.level:
-        return node.module or ""
-    base = package[:max(len(package) - node.level + 1, 1)]
-    return ".".join(base + ([node.module] if node.module else []))
+def layer_ranks(root: Path = ROOT) -> dict[str, int]:
+    """Each package folder's layer, 0 the lowest."""
+    return {folder: rank for rank, layer in enumerate(layers(root)) for folder in layer}
 
 
-def _imported(node: ast.AST, package: list[str]) -> list[tuple[str, str]]:
-    """(owning package, module) for each refinery module ``node`` imports; the owner is
-    ``refinery`` for the top package (``refinery.cli``, ``refinery`` itself)."""
-    if isinstance(node, ast.Import):
-        names = [a.name for a in node.names]
-    elif isinstance(node, ast.ImportFrom):
-        module = _absolute(node, package)
-        # "from refinery import serving" imports the package serving
-        names = [f"refinery.{a.name}" for a in node.names] if module == "refinery" else [module]
-    else:
-        return []
-    out = []
-    for name in names:
-        parts = name.split(".")
-        if parts[0] == "refinery":
-            owner = parts[1] if len(parts) > 1 and parts[1] in LAYER else "refinery"
-            out.append((owner, name))
-    return out
+def _owner(name: str, ranks: dict[str, int]) -> str:
+    """The package folder a dotted refinery name lives in (``refinery`` for the face)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ranks else "refinery"
 
 
-def layer_violations(root: Path, siblings: set[tuple[str, str]] = SIBLINGS) -> list[str]:
-    """``file:line imports MODULE`` for each import that breaks the layer rule."""
+def layer_violations(root: Path = ROOT,
+                     siblings: set[tuple[str, str]] = SIBLINGS) -> list[str]:
+    """``file:line imports NAME (why)`` for each import that breaks the layer rule."""
+    ranks = layer_ranks(root)
     found = []
-    for package, rank in LAYER.items():
-        for path in sorted((root / package).rglob("*.py")):
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-            where = _package_of(path, root)
-            for node in ast.walk(tree):
-                for target, module in _imported(node, where):
-                    upward = LAYER[target] > rank
-                    sideways = (LAYER[target] == rank and target != package
-                                and (package, target) not in siblings)
-                    if upward or sideways:
-                        found.append(f"{path.relative_to(root)}:{node.lineno} imports "
-                                     f"{module} ({package} may not import {target})")
+    for module, path in modules(root).items():
+        package = path.relative_to(root).parts[0]
+        for imp in imports(path, module):
+            target = _owner(imp.name, ranks)
+            upward = ranks[target] > ranks[package]
+            sideways = (ranks[target] == ranks[package] and target != package
+                        and (package, target) not in siblings)
+            if upward or sideways:
+                found.append(f"{path.relative_to(root)}:{imp.line} imports {imp.name} "
+                             f"({package} may not import {target})")
     return found
 
 
+def unlisted_packages(root: Path = ROOT) -> list[str]:
+    """Top-level folders holding an ``__init__.py`` that no layer lists."""
+    listed = set(layer_ranks(root)) | NOT_INSTALLED
+    return sorted(d.name for d in root.iterdir()
+                  if (d / "__init__.py").is_file() and d.name not in listed)
+
+
 def test_no_package_imports_above_its_layer():
-    found = layer_violations(ROOT)
+    found = layer_violations()
     assert not found, "imports that break the layer rule:\n" + "\n".join(found)
 
 
 def test_every_allowed_sibling_import_is_used():
-    unused = [pair for pair in SIBLINGS
-              if layer_violations(ROOT, SIBLINGS - {pair}) == []]
+    unused = [pair for pair in SIBLINGS if layer_violations(ROOT, SIBLINGS - {pair}) == []]
     assert unused == [], "allowed but never imported: drop them from SIBLINGS"
 
 
+def test_every_top_level_package_is_a_layer():
+    assert unlisted_packages() == [], (
+        "top-level packages in no layer of pyproject.toml's [tool.refinery] layers")
+
+
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
-    for name in LAYER:
-        (tmp_path / name).mkdir()
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    for folder in layer_ranks():
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
@@ -117,8 +100,8 @@ def test_a_planted_upward_import_fails_with_its_file_and_line(tmp_path):
         "serving/app.py": "from refinery.cli import app\n",
     })
     assert layer_violations(root) == [
-        "engine/stops.py:4 imports refinery.strategies (engine may not import strategies)",
-        "serving/app.py:1 imports refinery.cli (serving may not import refinery)",
+        "engine/stops.py:4 imports refinery.strategies.cot (engine may not import strategies)",
+        "serving/app.py:1 imports refinery.cli.app (serving may not import refinery)",
         "eval/runner.py:1 imports refinery.serving (eval may not import serving)",
     ]
 
@@ -128,12 +111,21 @@ def test_relative_imports_resolve_from_their_own_package(tmp_path):
         # inside engine: allowed, however many levels it climbs within the package
         "engine/backends/vllm.py": "from ..errors import X\nfrom . import base\n",
         "engine/backends/factory.py": "from ...strategies import cot\n",
+        "engine/backends/__init__.py": "from .. import loops\nfrom ... import verifiers\n",
         "distill/loop.py": "from ..eval.runner import run_eval\n",
         "ui/app.py": "from .. import distill\n",
         "refinery/__init__.py": "from . import serving\nfrom .cli import app\n",
     })
     assert layer_violations(root) == [
-        "engine/backends/factory.py:1 imports refinery.strategies "
+        "engine/backends/__init__.py:2 imports refinery.verifiers "
+        "(engine may not import verifiers)",
+        "engine/backends/factory.py:1 imports refinery.strategies.cot "
         "(engine may not import strategies)",
         "ui/app.py:1 imports refinery.distill (ui may not import distill)",
     ]
+
+
+def test_a_package_folder_in_no_layer_fails(tmp_path):
+    root = _tree(tmp_path, {"plugins/__init__.py": "", "bench/run.py": "",
+                            "tests/__init__.py": ""})
+    assert unlisted_packages(root) == ["plugins"]

@@ -1,4 +1,5 @@
-"""The distribution installs one top-level name, ``refinery``; the layers live under it."""
+"""The distribution installs one top-level name, ``refinery``; the layers live under it,
+every module and the web page's files with them, built without a warning."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-LAYERS = ["engine", "strategies", "verifiers", "serving", "eval", "distill", "ui"]
+from tests.repo_layout import ROOT as REPO
+from tests.repo_layout import modules, package_folders
+
+LAYERS = [folder for folder in package_folders() if folder != "refinery"]
 # The web page's files, package data a wheel must carry (no Node at run time: these are all).
 UI_FILES = ["templates/base.html", "templates/playground.html", "templates/runs.html",
             "templates/run.html", "templates/trace.html", "templates/trace_open.html",
@@ -22,6 +25,11 @@ def _python(code: str, cwd: Path, pythonpath: str | None = None) -> subprocess.C
     env = {"PATH": "/usr/bin:/bin"} | ({"PYTHONPATH": pythonpath} if pythonpath else {})
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=120)
+
+
+def _installed_path(name: str, path: Path) -> str:
+    """Where the module ``name`` (the file ``path`` of the clone) lands in site-packages."""
+    return "/".join(name.split(".")) + ("/__init__.py" if path.name == "__init__.py" else ".py")
 
 
 @pytest.mark.parametrize("layer", LAYERS)
@@ -39,9 +47,13 @@ def test_wheel_install_has_one_top_level_package(tmp_path: Path) -> None:
     source, target = tmp_path / "src", tmp_path / "site"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
         ".git", "build", "*.egg-info", "__pycache__", "data", "docs"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--target", str(target), str(source)],
-                   check=True, capture_output=True, timeout=300)
+    build = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps",
+                            "--no-build-isolation", "--target", str(target), str(source)],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    warnings = [line for line in (build.stdout + build.stderr).splitlines()
+                if "warning" in line.lower()]
+    assert warnings == []
     packages = sorted(p.name for p in target.iterdir()
                       if p.is_dir() and p.name != "bin"  # the console script
                       and not p.name.endswith((".dist-info", "__pycache__")))
@@ -54,6 +66,8 @@ def test_wheel_install_has_one_top_level_package(tmp_path: Path) -> None:
     assert _python("import engine", tmp_path, pythonpath=str(target)).returncode != 0
     for name in UI_FILES:
         assert (target / "refinery" / "ui" / name).is_file(), name
+    installed = {p.relative_to(target).as_posix() for p in (target / "refinery").rglob("*.py")}
+    assert installed == {_installed_path(name, path) for name, path in modules().items()}
     # The installed page finds its templates and static files in the install, not the clone.
     page = _python("from refinery.ui.pages import STATIC, TEMPLATES, env; print(TEMPLATES); "
                    "print(STATIC); print(env.get_template('playground.html').name)",
