@@ -1,20 +1,27 @@
-"""Reading the runs directory's files for the page: regular files inside the root only.
+"""Reading the runs directory's files for the page: regular files beneath the root only.
 
-Every read resolves the path and refuses one outside the root (a symlink out of
-it, say), opens it with ``O_NOFOLLOW | O_NONBLOCK`` (opening a FIFO for reading
-would wait for a writer, and the server with it) and reads only a regular file
-(``fstat``: no FIFO, device or directory), never more than a limit. A file that
-cannot be read so is a :class:`RunFileError` saying why; a missing file is
-``None``. A :class:`Stamp` (inode, size, mtime) names a file's content, so the
-readers above cache what they parsed until the file changes.
+Every file is opened relative to the root, one path component at a time: the root
+is opened as a directory, each directory below it with ``O_DIRECTORY |
+O_NOFOLLOW`` relative to the one before (``dir_fd``), the file itself with
+``O_NOFOLLOW | O_NONBLOCK`` (opening a FIFO for reading would wait for a writer,
+and the server with it), and only a regular file is read (``fstat`` on the
+descriptor: no FIFO, device or directory), never more than a limit. Nothing is
+opened by path twice, so swapping a directory for a symlink between a check and
+a read leads nowhere: no symbolic link is followed below the root, and a name
+with ``..`` is refused before anything is opened. A hard link to a file outside
+is read (a hard link is that file; only who can write the runs directory can
+make one). A file that cannot be read so is a :class:`RunFileError` saying why;
+a missing file is ``None``. A :class:`Stamp` (inode, size, mtime) names a file's
+content, so the readers above cache what they parsed until the file changes.
 
 Example:
-    >>> read_file(Path("runs"), Path("runs/cot/config.json"), limit=1 << 20)[:1]
+    >>> read_file(Path("runs"), Path("runs/cot/config.json"), limit=1 << 20)[:1]  # doctest: +SKIP
     b'{'
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -27,8 +34,11 @@ from typing import Generic, TypeVar
 from refinery.engine.errors import InvalidRequestError
 
 T = TypeVar("T")
-OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | CLOEXEC
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | CLOEXEC
 CHUNK = 1 << 20
+MISSING = (errno.ENOENT, errno.ENAMETOOLONG)  # no such file: what a name too long is too
 
 
 class RunFileError(InvalidRequestError):
@@ -48,54 +58,88 @@ class Stamp:
     mtime_ns: int
 
 
-def inside(root: Path, path: Path) -> Path:
-    """``path`` resolved (symlinks followed), if it stays inside ``root``.
+def parts_beneath(root: Path, path: Path) -> tuple[str, ...]:
+    """The components of ``path`` below ``root``, read from the names alone.
 
     Raises:
-        RunFileError: it resolves outside ``root`` (or cannot be resolved).
+        RunFileError: ``path`` is not below ``root`` as written, or has a ``..``.
     """
     try:
-        real = path.resolve()
-        base = root.resolve()
-    except (OSError, RuntimeError, ValueError) as exc:  # a symlink loop, a NUL...
-        raise RunFileError(f"{path.name}: cannot resolve ({exc})") from None
-    if not real.is_relative_to(base):
+        parts = path.relative_to(root).parts
+    except ValueError:
+        raise RunFileError(f"{path.name} leads outside the runs directory") from None
+    if not parts or ".." in parts:
         raise RunFileError(f"{path.name} leads outside the runs directory")
-    return real
+    return parts
+
+
+def beneath(root: Path, path: Path, last: Callable[[int, str], T]) -> T | None:
+    """``last(dir_fd, name)`` on the last component of ``path``, the directories before
+    it opened one at a time from ``root`` without following a symlink (None: a
+    component is missing).
+
+    Raises:
+        RunFileError: a component is a symlink or not a directory, or cannot be opened.
+    """
+    parts = parts_beneath(root, path)
+    try:
+        fd = os.open(root, DIR_FLAGS & ~os.O_NOFOLLOW)  # the root as the operator named it
+    except OSError as exc:
+        raise _refused(path, exc) from None
+    try:
+        for name in parts[:-1]:
+            inner = os.open(name, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        return last(fd, parts[-1])
+    except OSError as exc:
+        if exc.errno in MISSING:
+            return None
+        raise _refused(path, exc) from None
+    finally:
+        os.close(fd)
+
+
+def _refused(path: Path, exc: OSError) -> RunFileError:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        return _linked(path)
+    return RunFileError(f"{path.name}: {exc.strerror or exc}")
+
+
+def _linked(path: Path) -> RunFileError:
+    return RunFileError(f"{path.name} is a symbolic link, or is reached through one (or "
+                        "through a file where a directory should be): the page follows no "
+                        "links, since a link leads outside the runs directory as easily as "
+                        "within it")
 
 
 def stamp(root: Path, path: Path) -> Stamp | None:
     """The file's :class:`Stamp`, or None when it does not exist.
 
     Raises:
-        RunFileError: outside the root, or not a regular file.
+        RunFileError: reached through a symlink, or not a regular file.
     """
-    real = inside(root, path)
-    try:
-        st = os.stat(real, follow_symlinks=False)
-    except FileNotFoundError:
+    st = beneath(root, path, lambda fd, name: os.stat(name, dir_fd=fd,
+                                                        follow_symlinks=False))
+    if st is None:
         return None
-    except OSError as exc:
-        raise RunFileError(f"{path.name}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise _linked(path)
     if not stat.S_ISREG(st.st_mode):
         raise RunFileError(f"{path.name} is not a regular file")
     return Stamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def open_regular(root: Path, path: Path) -> tuple[int, os.stat_result] | None:
-    """An open descriptor of a regular file inside ``root`` and its ``fstat``, or None
+    """An open descriptor of a regular file beneath ``root`` and its ``fstat``, or None
     when it does not exist. The caller closes it.
 
     Raises:
-        RunFileError: outside the root, a symlink, not a regular file, or unreadable.
+        RunFileError: a symlink on the way or at the end, not a regular file, unreadable.
     """
-    real = inside(root, path)
-    try:
-        fd = os.open(real, OPEN_FLAGS)
-    except FileNotFoundError:
+    fd = beneath(root, path, lambda dir_fd, name: os.open(name, OPEN_FLAGS, dir_fd=dir_fd))
+    if fd is None:
         return None
-    except OSError as exc:
-        raise RunFileError(f"{path.name}: {exc.strerror or exc}") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
@@ -103,8 +147,36 @@ def open_regular(root: Path, path: Path) -> tuple[int, os.stat_result] | None:
     return fd, st
 
 
+def subdirectories(root: Path, path: Path) -> list[str] | None:
+    """The names of the directories in ``path`` (beneath ``root``, or ``root`` itself),
+    symlinks and hidden names left out; None: not a directory reached without links."""
+
+    def names(fd: int) -> list[str]:
+        with os.scandir(fd) as entries:
+            return sorted(e.name for e in entries
+                          if not e.name.startswith(".") and e.is_dir(follow_symlinks=False))
+
+    def listed(dir_fd: int, name: str) -> list[str]:
+        fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+        try:
+            return names(fd)
+        finally:
+            os.close(fd)
+
+    try:
+        if path == root:
+            fd = os.open(root, DIR_FLAGS & ~os.O_NOFOLLOW)
+            try:
+                return names(fd)
+            finally:
+                os.close(fd)
+        return beneath(root, path, listed)
+    except (OSError, RunFileError):  # unreadable, or not a directory: no runs in it
+        return None
+
+
 def read_file(root: Path, path: Path, limit: int) -> bytes | None:
-    """The whole of a regular file inside ``root`` (None: it does not exist).
+    """The whole of a regular file beneath ``root`` (None: it does not exist).
 
     Raises:
         RunFileError: as :func:`open_regular`, or the file is over ``limit`` bytes.
@@ -121,7 +193,7 @@ def read_file(root: Path, path: Path, limit: int) -> bytes | None:
 
 
 def complete_lines(root: Path, path: Path, max_line: int) -> Iterator[tuple[int, int, bytes]]:
-    """``(number, offset, line)`` of each complete line of a file inside ``root`` (a torn
+    """``(number, offset, line)`` of each complete line of a file beneath ``root`` (a torn
     last line is left out); a line over ``max_line`` bytes comes as ``b""`` (not read
     whole). Nothing when the file does not exist.
 
@@ -162,7 +234,7 @@ def _line(f, max_line: int) -> tuple[bytes, int]:
 
 
 def read_at(root: Path, path: Path, offset: int, size: int) -> bytes:
-    """``size`` bytes of a file inside ``root`` from ``offset``.
+    """``size`` bytes of a file beneath ``root`` from ``offset``.
 
     Raises:
         RunFileError: as :func:`open_regular`, or the file is gone.

@@ -12,7 +12,7 @@ files or drawing a large trace never stalls the other requests the server is
 answering.
 
 Example:
-    >>> render(request, "runs.html", page="runs", runs=list_runs(root))
+    >>> render(request, "runs.html", page="runs", runs=list_runs(root))  # doctest: +SKIP
     <HTMLResponse 200>
 """
 
@@ -33,17 +33,20 @@ from pydantic import ValidationError
 
 from refinery.engine.errors import InvalidRequestError, NotFoundError
 from refinery.engine.trace import Trace
+from refinery.eval.runner import TRACES
 from refinery.ui.auth import ui_settings
 from refinery.ui.drawing import DRAWER
 from refinery.ui.plot import Plot, accuracy_plot
 from refinery.ui.runs import (
     RunRow,
     find_trace,
+    invalid_because,
     list_runs,
     problems,
     resolve_run,
     run_limits,
     run_row,
+    trace_index,
 )
 from refinery.ui.settings import UISettings
 from refinery.ui.traceview import trace_view
@@ -180,7 +183,8 @@ def run_trace_page(settings: UISettings, name: str, task: str) -> dict[str, Any]
     run = resolve_run(root, name)
     limits, worst_case, notes = run_limits(root, run, name)
     view = trace_view(find_trace(root, run, task, name), limits, worst_case)
-    return {"view": view, "run": name, "source": f"run {name}", "notes": notes}
+    skipped = [f"run {name}: {note}" for note in trace_index(root, run / TRACES).notes]
+    return {"view": view, "run": name, "source": f"run {name}", "notes": notes + skipped}
 
 
 def draw_run_trace(settings: UISettings, name: str, task: str) -> bytes:
@@ -208,10 +212,8 @@ def posted_trace_page(settings: UISettings, fields: dict[str, str]) -> dict[str,
     try:
         trace = Trace.model_validate_json(text)
     except ValidationError as exc:
-        lines = str(exc).splitlines()
-        first = " ".join(s.strip() for s in lines[1:3])[:200] or lines[0][:200]
-        raise InvalidRequestError(f"not a refinery trace (one JSON object): {first}",
-                                  param="trace") from None
+        raise InvalidRequestError(f"not a refinery trace (one JSON object): "
+                                  f"{invalid_because(exc)[:200]}", param="trace") from None
     playground = fields.get("source") == "playground"
     limits = settings.limits if playground else None
     return {"view": trace_view(trace, limits), "run": None, "notes": [],

@@ -14,9 +14,10 @@ parsed once per version of them (cached by inode, size and mtime); a traces file
 is indexed once (task id to line), however its JSON was formatted.
 
 Example:
-    >>> [r.name for r in list_runs(Path("runs"))]
+    >>> [r.name for r in list_runs(Path("runs"))]  # doctest: +SKIP
     ['cot-arith', 'gsm8k/ssr']
-    >>> find_trace(Path("runs"), resolve_run(Path("runs"), "cot-arith"), "arith-test-0").task_id
+    >>> run = resolve_run(Path("runs"), "cot-arith")  # doctest: +SKIP
+    >>> find_trace(Path("runs"), run, "arith-test-0").task_id  # doctest: +SKIP
     'arith-test-0'
 """
 
@@ -36,13 +37,21 @@ from refinery.engine.trace import Trace
 from refinery.eval.report import RunConfig, RunReport, summarize_run
 from refinery.eval.results_file import ResultRow, complete_lines, parse_results
 from refinery.eval.runner import CONFIG, RESULTS, TRACES
-from refinery.ui.files import RunFileError, VersionCache, read_at, read_file, stamp
+from refinery.ui.files import (
+    RunFileError,
+    VersionCache,
+    read_at,
+    read_file,
+    stamp,
+    subdirectories,
+)
 from refinery.ui.files import complete_lines as file_lines
 
 MAX_DEPTH = 3
 MAX_CONFIG_BYTES = 8 << 20
 MAX_RESULTS_BYTES = 64 << 20
-MAX_TRACE_LINE_BYTES = 64 << 20
+MAX_TRACE_BYTES = 4 << 20  # a trace line of a run, or a posted trace: the same limit
+NAME_MAX = 255  # bytes of one file name (Linux): a longer one names nothing
 MAX_NOTES = 20  # per file; the rest are counted
 ID_PREFIX_BYTES = 4096  # a trace line's task id is read from this much of its head
 
@@ -93,7 +102,8 @@ class TraceIndex:
     notes: list[str]
 
 
-RUN_FILES: VersionCache[RunFiles] = VersionCache(size=128)
+RUN_FILES: VersionCache[RunFiles] = VersionCache(size=32)  # results rows: large
+RUN_ROWS: VersionCache[RunRow] = VersionCache(size=100_000)  # the list's rows: small
 TRACE_INDEXES: VersionCache[TraceIndex] = VersionCache(size=32)
 
 
@@ -102,12 +112,21 @@ TRACE_INDEXES: VersionCache[TraceIndex] = VersionCache(size=32)
 
 def list_runs(root: Path) -> list[RunRow]:
     """Every run directory under ``root`` (itself included), sorted by name."""
-    return [run_row(root, path, path.relative_to(root).as_posix() if path != root else ".")
-            for path in sorted(_run_dirs(root, MAX_DEPTH))]
+    return [run_row(root, root / name if name != "." else root, name)
+            for name in sorted(run_names(root))]
 
 
 def run_row(root: Path, path: Path, name: str) -> RunRow:
-    """A run's numbers, or why it has none (an unreadable config, say), with notes."""
+    """A run's numbers, or why it has none (an unreadable config, say), with notes;
+    kept per version of the run's files (the list reads no run again unchanged)."""
+    try:
+        stamps = (stamp(root, path / CONFIG), stamp(root, path / RESULTS))
+    except RunFileError:
+        stamps = None  # read again, to say why
+    return RUN_ROWS.get((root, path, name), stamps, lambda: _run_row(root, path, name))
+
+
+def _run_row(root: Path, path: Path, name: str) -> RunRow:
     files = run_files(root, path, name)
     if files.config is None:
         return RunRow(name=name, error=files.error, notes=files.notes)
@@ -115,39 +134,52 @@ def run_row(root: Path, path: Path, name: str) -> RunRow:
     return RunRow(name=name, report=report, notes=files.notes)
 
 
-def _run_dirs(path: Path, depth: int) -> list[Path]:
-    if (path / CONFIG).is_file():
-        return [path]
-    if depth == 0 or not path.is_dir() or path.is_symlink():
-        return []
-    try:
-        children = sorted(path.iterdir())
-    except OSError:  # unreadable directory: no runs in it
-        return []
-    found = []
-    for child in children:
-        if child.is_dir() and not child.is_symlink() and not child.name.startswith("."):
-            found += _run_dirs(child, depth - 1)
+def run_names(root: Path) -> list[str]:
+    """The names of the runs under ``root``: directories holding a regular config file,
+    up to :data:`MAX_DEPTH` levels down, none hidden, none reached through a link."""
+    found, todo = [], [((), MAX_DEPTH)]
+    while todo:
+        parts, depth = todo.pop()
+        path = root.joinpath(*parts)
+        if _is_run(root, path):
+            found.append("/".join(parts) or ".")
+            continue
+        if depth > 0:
+            todo += [((*parts, child), depth - 1)
+                     for child in subdirectories(root, path) or []]
     return found
 
 
+def _is_run(root: Path, path: Path) -> bool:
+    try:
+        return stamp(root, path / CONFIG) is not None
+    except RunFileError:  # a FIFO, a link: not a run
+        return False
+
+
 def resolve_run(root: Path, name: str) -> Path:
-    """The run directory ``name`` (relative to ``root``).
+    """The run directory ``name`` (relative to ``root``), if the list shows it: at most
+    :data:`MAX_DEPTH` names, none hidden, ``..``, empty or over 255 bytes.
 
     Raises:
-        NotFoundError: ``name`` is not a run under ``root``.
+        NotFoundError: ``name`` is not a run the list of ``root`` shows.
     """
-    missing = NotFoundError(f"no run named {name!r} here")
-    if "\0" in name:
-        raise missing
-    try:
-        base = root.resolve()
-        path = (base / name).resolve()
-    except (OSError, RuntimeError, ValueError):
-        raise missing from None
-    if not path.is_relative_to(base) or not (path / CONFIG).is_file():
-        raise missing
+    parts = [] if name == "." else name.split("/")
+    if len(parts) > MAX_DEPTH or not all(_listable(p) for p in parts):
+        raise NotFoundError(f"no run named {name!r} here")
+    path = root.joinpath(*parts)
+    if not _is_run(root, path):
+        raise NotFoundError(f"no run named {name!r} here")
     return path
+
+
+def _listable(part: str) -> bool:
+    """A directory name the list can show (what ``subdirectories`` yields)."""
+    try:
+        size = len(part.encode("utf-8"))
+    except UnicodeEncodeError:
+        return False
+    return 0 < size <= NAME_MAX and not part.startswith(".") and "\0" not in part
 
 
 def run_files(root: Path, run: Path, name: str) -> RunFiles:
@@ -213,9 +245,8 @@ def run_limits(root: Path, run: Path, name: str) -> tuple[Budget, int | None, li
     try:
         budget = Budget.model_validate(config.budget or {})
     except ValidationError as exc:
-        first = str(exc).splitlines()[1:2] or ["?"]
         return Budget(), config.strategy.worst_case_calls, [
-            f"run {name}: {CONFIG} budget is not a budget ({first[0].strip()}); "
+            f"run {name}: {CONFIG} budget is not a budget ({invalid_because(exc)}); "
             "shown without limits"]
     return budget, config.strategy.worst_case_calls, []
 
@@ -239,10 +270,24 @@ def find_trace(root: Path, run: Path, task_id: str, name: str = "") -> Trace:
     try:
         return Trace.model_validate_json(line)
     except ValidationError as exc:
-        first = str(exc).splitlines()[1:3]
         raise RunFileError(f"run {name}: {TRACES} line {number}, the trace of {task_id!r}, "
-                           f"is not a refinery trace ({' '.join(s.strip() for s in first)})",
+                           f"is not a refinery trace ({invalid_because(exc)})",
                            param="task") from None
+
+
+def invalid_because(exc: ValidationError, most: int = 2) -> str:
+    """What pydantic found wrong (where, and why), never the input it was given: a
+    file's bytes, whatever the file turned out to be, stay out of the page.
+
+    >>> try:
+    ...     Budget.model_validate({"max_calls": "PASSWORD=hunter2"})
+    ... except ValidationError as exc:
+    ...     invalid_because(exc)
+    'max_calls: Input should be a valid integer, unable to parse string as an integer'
+    """
+    errors = exc.errors(include_input=False, include_url=False, include_context=False)
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}"
+                     for e in errors[:most])
 
 
 def trace_index(root: Path, path: Path) -> TraceIndex:
@@ -253,9 +298,9 @@ def trace_index(root: Path, path: Path) -> TraceIndex:
 def _trace_index(root: Path, path: Path) -> TraceIndex:
     at: dict[str, tuple[int, int, int]] = {}
     notes: list[str] = []
-    for number, offset, line in file_lines(root, path, MAX_TRACE_LINE_BYTES):
+    for number, offset, line in file_lines(root, path, MAX_TRACE_BYTES):
         if not line:
-            notes.append(f"{TRACES} line {number} is over {MAX_TRACE_LINE_BYTES:,} bytes")
+            notes.append(f"{TRACES} line {number} is over {MAX_TRACE_BYTES:,} bytes")
             continue
         task_id, why = line_task_id(line)
         if task_id is None:

@@ -310,3 +310,40 @@ def test_a_deeply_nested_pasted_trace_is_400(ui):
                  '{"task_id": "t", "events": [], "x": ' + '{"a": ' * 5000 + "1" + "}" * 5001):
         r = ui.post("/ui/trace", data={"trace": text})
         assert r.status_code == 400 and "not a refinery trace" in r.text
+
+
+# -- names the list does not show -----------------------------------------------------
+
+def test_a_name_over_255_bytes_is_404_with_the_page_headers(ui):
+    for url in ("/ui/run?path=" + "A" * 300, f"/ui/trace?run={'A' * 300}&task=p-loop",
+                f"/ui/run?path={RUN}/{'B' * 256}"):
+        r = ui.get(url)
+        assert r.status_code == 404 and "no run named" in r.text, url
+        assert r.headers["content-security-policy"].startswith("default-src 'none'")
+
+
+def test_runs_the_list_does_not_show_are_404(ui, runs):
+    shutil.copytree(runs / RUN, runs / ".hidden" / "run")
+    shutil.copytree(runs / RUN, runs / "a" / "b" / "c" / "d" / "deeprun")
+    shutil.copytree(runs / RUN, runs / "a" / "b" / "shown")
+    listed = ui.get("/ui/runs").text
+    assert "a/b/shown" in listed and "deeprun" not in listed and ".hidden" not in listed
+    assert ui.get("/ui/run?path=a/b/shown").status_code == 200
+    for name in (".hidden/run", "a/b/c/d/deeprun", "a//b/shown", "a/b/shown/", "./" + RUN):
+        assert ui.get("/ui/run", params={"path": name}).status_code == 404, name
+        assert ui.get("/ui/trace", params={"run": name, "task": "p-loop"}).status_code == 404
+
+
+def test_bad_trace_lines_are_notes_on_the_trace_page(ui, runs):
+    rewrite_traces(runs, lambda t: json.dumps(t), before=["not json at all", "[1, 2]"])
+    r = ui.get(f"/ui/trace?run={BAD}&task=p-loop")
+    assert r.status_code == 200
+    assert f"run {BAD}: traces.jsonl line 1 is not a trace (not JSON" in note_of(r.text)
+    assert f"run {BAD}: traces.jsonl line 2 is not a trace (a JSON list" in r.text
+
+
+def test_a_trace_line_that_is_no_trace_is_422_without_its_bytes(ui, runs):
+    rewrite_traces(runs, lambda t: json.dumps({**t, "events": "PASSWORD=hunter2"}))
+    r = ui.get(f"/ui/trace?run={BAD}&task=p-loop")
+    assert r.status_code == 422 and "events: Input should be a valid array" in r.text
+    assert "hunter2" not in r.text
