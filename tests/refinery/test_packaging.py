@@ -43,10 +43,15 @@ def test_editable_install_exposes_only_refinery(layer: str, tmp_path: Path) -> N
 
 
 def test_wheel_install_has_one_top_level_package(tmp_path: Path) -> None:
-    # Built from a copy: setuptools writes build/ into the tree it builds.
+    # Built from a copy of what a build reads: setuptools writes build/ into the tree
+    # it builds (and the clone's .venv links a whole virtualenv).
     source, target = tmp_path / "src", tmp_path / "site"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", "build", "*.egg-info", "__pycache__", "data", "docs"))
+    source.mkdir()
+    for name in ("pyproject.toml", "setup.py", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    for folder in package_folders():
+        shutil.copytree(REPO / folder, source / folder,
+                        ignore=shutil.ignore_patterns("__pycache__"))
     build = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps",
                             "--no-build-isolation", "--target", str(target), str(source)],
                            capture_output=True, text=True, timeout=300)
