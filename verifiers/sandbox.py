@@ -15,7 +15,8 @@ Layers, outermost first (each one holds where the one inside it might not):
   nested user namespaces.
 - The host side: a wall-clock timeout that SIGKILLs the whole process group,
   then a sweep that kills any process still owned by the run's uid before the
-  uid goes back to the pool; stdout+stderr capped (the run is killed past it).
+  uid goes back to the pool (:mod:`~refinery.verifiers.uid_pool`); stdout+stderr
+  capped (the run is killed past it).
 
 A tiny driver executes the program and prints a per-run nonce only after the
 program's last line ran, so ``sys.exit(0)`` / ``os._exit(0)`` half-way (a
@@ -36,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import logging
 import os
 import secrets
@@ -45,12 +45,12 @@ import signal
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from refinery.engine.errors import SandboxError
+from refinery.verifiers.uid_pool import Lease, UidPool, kill_uid, task_count
 
 log = logging.getLogger(__name__)
 
@@ -163,152 +163,6 @@ class RunResult(BaseModel):
         return "passed"
 
 
-# ---------------------------------------------------------------------------- uid pool
-
-
-@dataclass
-class _Lease:
-    uid: int
-    fd: int
-
-
-class _UidPool:
-    """Exclusive uids across threads and processes: an flock per uid file."""
-
-    def __init__(self, first: int, count: int) -> None:
-        self.first, self.count = first, count
-        self.dir = os.path.join(tempfile.gettempdir(), "refinery-sandbox-uids")
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
-        self._next = 0
-
-    def acquire(self) -> _Lease:
-        for i in range(self.count):
-            uid = self.first + (self._next + i) % self.count
-            fd = os.open(os.path.join(self.dir, str(uid)), os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            self._next = (self._next + i + 1) % self.count
-            return _Lease(uid, fd)
-        raise SandboxError(f"all {self.count} sandbox uids from {self.first} are in use")
-
-    @staticmethod
-    def release(lease: _Lease) -> None:
-        os.close(lease.fd)  # closing drops the flock
-
-
-def _pids_of_uid(uid: int) -> list[int]:
-    pids = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/status", "rb") as f:
-                status = f.read()
-        except OSError:
-            continue
-        state = uids = None
-        for line in status.splitlines():
-            if line.startswith(b"State:"):
-                state = line.split()[1]
-            elif line.startswith(b"Uid:"):
-                uids = {int(x) for x in line.split()[1:]}
-                break
-        if uids and uid in uids and state != b"Z":
-            pids.append(int(name))
-    return pids
-
-
-def _task_count(uid: int) -> int:
-    """Threads (what RLIMIT_NPROC counts) of every process whose real uid is ``uid``."""
-    total = 0
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                st = os.stat(f"/proc/{name}")
-                with open(f"/proc/{name}/status", "rb") as f:
-                    status = f.read()
-            except OSError:
-                continue
-            if st.st_uid != uid:
-                continue
-            for line in status.splitlines():
-                if line.startswith(b"Threads:"):
-                    total += int(line.split()[1])
-                    break
-    return total
-
-
-def kill_uid(uid: int, timeout: float = 5.0) -> int:
-    """SIGKILL every live process whose real, effective or saved uid is ``uid``.
-
-    Loops until none is left (a process may fork while we scan) or ``timeout``.
-    Returns how many kills were sent.
-    """
-    sent = 0
-    deadline = time.monotonic() + timeout
-    while True:
-        pids = _pids_of_uid(uid)
-        if not pids:
-            return sent
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-                sent += 1
-        if time.monotonic() > deadline:
-            log.error("sandbox uid %d still has processes %s after %.1fs", uid, pids, timeout)
-            return sent
-        time.sleep(0.005)
-
-
-async def _exited(proc: asyncio.subprocess.Process) -> None:
-    """Return when ``proc`` has exited.
-
-    Not ``proc.wait()``: asyncio only reports an exit once every pipe is closed,
-    and a child the program forked may hold them open forever.
-    """
-    if proc.returncode is not None:
-        return
-    try:
-        fd = os.pidfd_open(proc.pid)
-    except ProcessLookupError:
-        return  # already gone
-    except (AttributeError, OSError):  # no pidfd here (old kernel): poll
-        while proc.returncode is None:  # noqa: ASYNC110 - no event exists to wait on
-            await asyncio.sleep(0.01)
-        return
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
-    try:
-        await done
-    finally:
-        loop.remove_reader(fd)
-        os.close(fd)
-
-
-def _prepare_dir(hostdir: str, source: str, mode: Mode, uid: int | None) -> tuple[str, str | None]:
-    """Write the program; return its path as the program sees it and the host cwd to use."""
-    os.chmod(hostdir, 0o755)  # the run's uid must read it (bwrap binds it read-only)
-    main = os.path.join(hostdir, "main.py")
-    with open(main, "w", encoding="utf-8") as f:
-        f.write(source)
-    os.chmod(main, 0o644)
-    if mode == "bwrap":
-        return "/sandbox/main.py", None
-    # No tmpfs without bwrap: a private writable dir, owned by the run's uid.
-    work = os.path.join(hostdir, "work")
-    os.mkdir(work, 0o700)
-    if uid is not None:
-        os.chown(work, uid, uid)
-    return main, work
-
-
-# ----------------------------------------------------------------------------- sandbox
-
-
 class Sandbox:
     """Runs Python programs in a bubblewrap jail, at most ``max_workers`` at once.
 
@@ -329,7 +183,7 @@ class Sandbox:
         self.config = (SandboxConfig.model_validate({**base.model_dump(), **overrides})
                        if overrides else base)
         self._root = os.geteuid() == 0
-        self._uids = _UidPool(self.config.uid_first, self.config.uid_count) if self._root else None
+        self._uids = UidPool(self.config.uid_first, self.config.uid_count) if self._root else None
         self._sem: asyncio.Semaphore | None = None
         self._sem_loop: asyncio.AbstractEventLoop | None = None
         self._mode: Mode | None = None
@@ -387,7 +241,7 @@ class Sandbox:
                 shutil.rmtree(workdir, ignore_errors=True)
                 if lease:
                     kill_uid(lease.uid)
-                    _UidPool.release(lease)
+                    UidPool.release(lease)
         self._probe_cache[key] = error
         return error
 
@@ -404,7 +258,7 @@ class Sandbox:
         nproc = c.max_processes
         if not uid_in_use:
             # Same uid as the host: the limit counts every thread of ours too.
-            nproc += _task_count(os.getuid())
+            nproc += task_count(os.getuid())
         return [
             "prlimit",
             f"--cpu={c.cpu_seconds}:{c.cpu_seconds + 1}",
@@ -508,6 +362,49 @@ class Sandbox:
         return _result(mode, proc.returncode, output, nonce, timed_out, duration, uid)
 
 
+async def _exited(proc: asyncio.subprocess.Process) -> None:
+    """Return when ``proc`` has exited.
+
+    Not ``proc.wait()``: asyncio only reports an exit once every pipe is closed,
+    and a child the program forked may hold them open forever.
+    """
+    if proc.returncode is not None:
+        return
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        return  # already gone
+    except (AttributeError, OSError):  # no pidfd here (old kernel): poll
+        while proc.returncode is None:  # noqa: ASYNC110 - no event exists to wait on
+            await asyncio.sleep(0.01)
+        return
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    loop.add_reader(fd, lambda: done.done() or done.set_result(None))
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+def _prepare_dir(hostdir: str, source: str, mode: Mode, uid: int | None) -> tuple[str, str | None]:
+    """Write the program; return its path as the program sees it and the host cwd to use."""
+    os.chmod(hostdir, 0o755)  # the run's uid must read it (bwrap binds it read-only)
+    main = os.path.join(hostdir, "main.py")
+    with open(main, "w", encoding="utf-8") as f:
+        f.write(source)
+    os.chmod(main, 0o644)
+    if mode == "bwrap":
+        return "/sandbox/main.py", None
+    # No tmpfs without bwrap: a private writable dir, owned by the run's uid.
+    work = os.path.join(hostdir, "work")
+    os.mkdir(work, 0o700)
+    if uid is not None:
+        os.chown(work, uid, uid)
+    return main, work
+
+
 class _Output:
     """stdout and stderr of one run, kept up to ``limit`` bytes together; a run that
     writes past it is killed (its group), so a flood cannot fill our memory."""
@@ -547,14 +444,14 @@ def _kill_group(proc: asyncio.subprocess.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-async def _reap(proc: asyncio.subprocess.Process | None, lease: _Lease | None,
+async def _reap(proc: asyncio.subprocess.Process | None, lease: Lease | None,
                 io: list[asyncio.Future[None]]) -> None:
     """Kill the run's group and every process left with its uid, then drain and reap."""
     if proc is not None:
         _kill_group(proc)
     if lease is not None:
         kill_uid(lease.uid)
-        _UidPool.release(lease)
+        UidPool.release(lease)
     if proc is None:
         return
     # Drain what the dead wrote. A pipe still held open can only be a writer we

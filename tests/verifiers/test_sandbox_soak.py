@@ -30,15 +30,16 @@ import pytest
 
 from refinery.verifiers.code import build_program
 from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig
+from refinery.verifiers.uid_pool import UidPool
 from tests.conftest import repeat
 from tests.verifiers.test_verifiers_hostile import (
     CHECK,
     EXPECTED,
     HOSTILE,
     SECRET_VAR,
-    _pool_processes,
     _processes_with,
     _snapshot,
+    hostile_source,
 )
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
@@ -108,9 +109,7 @@ async def test_hostile_corpus_soak_is_contained_and_leaves_nothing(monkeypatch) 
     monkeypatch.setenv(SECRET_VAR, secret)
     programs = {}
     for name in names:
-        src = (HOSTILE / f"{name}.py").read_text()
-        src = (src.replace("{{CANARY}}", str(canary)).replace("{{PORT}}", str(port))
-               .replace("{{SECRET}}", secret).replace("{{MARKER}}", marker))
+        src = hostile_source(name, canary=canary, port=port, secret=secret, marker=marker)
         programs[name] = build_program("", src, CHECK, "attack")
 
     sandbox = Sandbox(CONFIG)
@@ -136,7 +135,7 @@ async def test_hostile_corpus_soak_is_contained_and_leaves_nothing(monkeypatch) 
         print(f"\nsandbox soak: {len(results)} runs ({PASSES} passes x {len(names)} programs)")
         for name in names:
             print(f"  {name:16} {dict(outcomes[name])}")
-        strays = _pool_processes(CONFIG)
+        strays = UidPool(CONFIG.uid_first, CONFIG.uid_count).pids()
         children = [p for p in _children(os.getpid()) if p not in children_before]
         daemons = _processes_with(marker)
         leftovers = _leftovers(tmp)

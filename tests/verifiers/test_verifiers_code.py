@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
-import refinery.verifiers.sandbox as sandbox_mod
 from refinery.engine.errors import InvalidRequestError, SandboxError
 from refinery.engine.types import Task
 from refinery.verifiers.code import CodeVerifier, build_program, extract_code
 from refinery.verifiers.sandbox import Sandbox, SandboxConfig
+from refinery.verifiers.uid_pool import UidPool
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
@@ -21,6 +23,7 @@ pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewra
 UID_FIRST = 61000 + (os.getpid() % 64) * 32 + 16
 SANDBOX = Sandbox(SandboxConfig(wall_timeout=10, max_workers=2, uid_first=UID_FIRST,
                                 uid_count=16))
+POOL = UidPool(UID_FIRST, 16)
 
 
 def _humaneval() -> dict:
@@ -101,15 +104,29 @@ async def test_sandbox_wall_timeout_kills_the_group() -> None:
     assert r.timed_out and not r.passed and r.reason == "wall-clock timeout"
 
 
+def _program_running() -> bool:
+    """A process of the pool's uids is the sandbox's interpreter: the program has started."""
+    python = SANDBOX.config.python.encode()
+    for pid in POOL.pids():
+        try:
+            argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:  # exited meanwhile
+            continue
+        if argv0 == python:
+            return True
+    return False
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs get a pool uid only as root")
 async def test_cancelled_run_leaves_nothing_behind() -> None:
     task = asyncio.create_task(SANDBOX.run_python("import time\ntime.sleep(60)"))
-    await asyncio.sleep(0.5)
+    # Cancelled before the program runs, a run leaves nothing behind whether or not the
+    # sweep works: cancel only once it runs.
+    assert await wait_for(_program_running, seconds=30)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    first, count = SANDBOX.config.uid_first, SANDBOX.config.uid_count
-    leftover = [u for u in range(first, first + count) if sandbox_mod._pids_of_uid(u)]
-    assert leftover == []
+    assert POOL.pids() == []
 
 
 def test_missing_interpreter_is_a_sandbox_error() -> None:
@@ -120,7 +137,7 @@ def test_missing_interpreter_is_a_sandbox_error() -> None:
 @pytest.fixture
 def no_bwrap(monkeypatch: pytest.MonkeyPatch) -> None:
     real_which = shutil.which
-    monkeypatch.setattr(sandbox_mod.shutil, "which",
+    monkeypatch.setattr(shutil, "which",
                         lambda name: None if name == "bwrap" else real_which(name))
     monkeypatch.setattr(Sandbox, "_probe_cache", {})
 

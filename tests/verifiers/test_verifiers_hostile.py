@@ -27,11 +27,13 @@ import pytest_asyncio
 
 from refinery.strategies.execution import Execution, execute, execution_sandbox
 from refinery.verifiers.code import build_program
-from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig, _pids_of_uid
+from refinery.verifiers.sandbox import RunResult, Sandbox, SandboxConfig
+from refinery.verifiers.uid_pool import UidPool
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
 HOSTILE = Path(__file__).parent / "hostile"
+PROJECT = Path(__file__).resolve().parents[2]  # the checkout: host files a program must not read
 CHECK = 'def check(f):\n    assert f() == "escaped", "attack did not succeed"\n'
 CONFIG = SandboxConfig(wall_timeout=4, cpu_seconds=2, memory_mb=256, max_processes=16,
                        max_file_mb=4, max_open_files=64, disk_mb=16, output_bytes=64 * 1024,
@@ -77,10 +79,12 @@ def _snapshot(root: Path) -> dict[str, tuple[int, str]]:
     return out
 
 
-def _pool_processes(config: SandboxConfig = CONFIG) -> list[int]:
-    """Live processes owned by a uid of ``config``'s sandbox pool."""
-    return [pid for uid in range(config.uid_first, config.uid_first + config.uid_count)
-            for pid in _pids_of_uid(uid)]
+def hostile_source(name: str, *, canary: Path, port: int, secret: str, marker: str) -> str:
+    """The corpus program ``name`` with its placeholders filled in."""
+    src = (HOSTILE / f"{name}.py").read_text()
+    return (src.replace("{{CANARY}}", str(canary)).replace("{{PORT}}", str(port))
+            .replace("{{SECRET}}", secret).replace("{{MARKER}}", marker)
+            .replace("{{PROJECT}}", str(PROJECT)))
 
 
 def _processes_with(marker: str) -> list[int]:
@@ -130,13 +134,10 @@ async def attacked(run: Callable[[str, str], Awaitable[Any]]) -> AsyncIterator[C
     c.marker = "refinery-daemon-" + secrets.token_hex(8)
     names = sorted(p.stem for p in HOSTILE.glob("*.py"))
 
-    def source(name: str) -> str:
-        src = (HOSTILE / f"{name}.py").read_text()
-        return (src.replace("{{CANARY}}", str(c.canary)).replace("{{PORT}}", str(port))
-                .replace("{{SECRET}}", secret).replace("{{MARKER}}", c.marker))
-
     try:
-        results = await asyncio.gather(*(run(n, source(n)) for n in names))
+        results = await asyncio.gather(*(
+            run(n, hostile_source(n, canary=c.canary, port=port, secret=secret,
+                                  marker=c.marker)) for n in names))
     finally:
         os.environ.pop(SECRET_VAR, None)
         server.close()
@@ -212,7 +213,7 @@ def test_specific_containment(corpus: Corpus) -> None:
 @pytest.mark.parametrize("path", ["corpus", "pot_corpus"])
 def test_nothing_left_behind(path: str, request: pytest.FixtureRequest) -> None:
     corpus: Corpus = request.getfixturevalue(path)
-    assert _pool_processes() == []
+    assert UidPool(CONFIG.uid_first, CONFIG.uid_count).pids() == []
     assert _processes_with(corpus.marker) == []
     assert _snapshot(corpus.canary) == corpus.before
     assert corpus.connections == []
