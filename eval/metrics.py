@@ -5,7 +5,7 @@ Example:
     >>> acc = accuracy([True, True, False, True])
     >>> round(acc.value, 2), round(acc.low, 3), round(acc.high, 3)
     (0.75, 0.301, 0.954)
-    >>> pass_at_k(n=10, c=3, k=1)
+    >>> round(pass_at_k(n=10, c=3, k=1), 4)
     0.3
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, Field
 
-from refinery.eval.datasets import Example
+from refinery.eval.example import Example
 from refinery.verifiers.base import Verdict, Verifier
 from refinery.verifiers.code import extract_code
 from refinery.verifiers.math import (
