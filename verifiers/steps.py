@@ -19,7 +19,8 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Literal, Protocol, runtime_checkable
 
 from pydantic import AfterValidator
@@ -28,8 +29,8 @@ from refinery.engine.context import Context
 from refinery.engine.errors import SpecError
 from refinery.engine.types import Task
 
-__all__ = ["AGGREGATIONS", "SCORERS", "STEP_END", "Aggregation", "ScorerName", "StepScorer",
-           "aggregate", "build_scorer", "split_steps"]
+__all__ = ["AGGREGATIONS", "SCORERS", "STEP_END", "Aggregation", "RegisteredName", "ScorerName",
+           "StepScorer", "aggregate", "build_scorer", "split_steps"]
 
 Aggregation = Literal["last", "min", "prod", "mean"]
 STEP_END = "\n\n"  # steps are paragraphs, as search-and-learn and its_hub delimit them
@@ -63,7 +64,7 @@ def aggregate(scores: Sequence[float], how: Aggregation = "last") -> float:
 
 
 def split_steps(text: str, max_steps: int | None = MAX_STEPS) -> list[str]:
-    """A whole solution as steps: its non-empty paragraphs, the ones past ``max_steps``
+    r"""A whole solution as steps: its non-empty paragraphs, the ones past ``max_steps``
     joined into the last (a judge scores each step with a call: the cap bounds them;
     ``None``: no cap, for reading back a search's paths whole).
 
@@ -98,13 +99,25 @@ SCORERS: dict[str, Callable[[], StepScorer]] = {"arith": _arith, "judge": _judge
                                                  "prm": _prm}
 
 
-def _registered(name: str) -> str:
-    if name not in SCORERS:
-        raise ValueError(f"unknown step scorer {name!r}; known: {', '.join(sorted(SCORERS))}")
-    return name
+@dataclass(frozen=True, eq=False)  # identity hash: typing hashes it (ScorerName | None)
+class RegisteredName:
+    """A pydantic check that a string is a key of ``names``, read when it checks (a
+    name registered later counts); ``allowed`` is what a type description shows."""
+
+    names: Mapping[str, object]
+    kind: str
+
+    @property
+    def allowed(self) -> list[str]:
+        return sorted(self.names)
+
+    def __call__(self, name: str) -> str:
+        if name not in self.names:
+            raise ValueError(f"unknown {self.kind} {name!r}; known: {', '.join(self.allowed)}")
+        return name
 
 
-ScorerName = Annotated[str, AfterValidator(_registered)]
+ScorerName = Annotated[str, AfterValidator(RegisteredName(SCORERS, "step scorer"))]
 """A strategy parameter naming a step scorer: checked when the spec is parsed."""
 
 
