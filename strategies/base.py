@@ -31,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from refinery.engine.constraints import Constraint, structured_mode
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted, RefineryError, SpecError
+from refinery.engine.types import Attempt, Completion, Message, SamplingParams, Task
 from refinery.strategies.spec import (
     ChildCost,
     check_inner_count,
@@ -38,7 +39,6 @@ from refinery.strategies.spec import (
     non_default,
     validate_params,
 )
-from refinery.engine.types import Attempt, Completion, Message, SamplingParams, Task
 from refinery.verifiers.math import extract_answer
 
 Keep = Literal["best", "last"]
@@ -80,6 +80,8 @@ class Strategy:
     Subclasses set ``name``, a nested ``Params`` model (the paper's defaults),
     how many inner strategies they take and the classes of their default inner
     strategies, and a ``worst_case`` call count used by the graph to bound cost.
+    The class is what the registry maps a spec name to: the spec language reads
+    all of this off it.
 
     Checking is done once per path, by the same functions of
     :mod:`refinery.strategies.spec` (so the messages are the same): a spec is
@@ -94,6 +96,8 @@ class Strategy:
     # Built with their own defaults when no inner strategy is given; the graph
     # grafts them by name, so each must be a registered strategy class.
     default_inner: ClassVar[tuple[type[Strategy], ...]] = ()
+    # n attempts of it are one request with n samples (cot's ``sample``): see ChildCost.
+    samples_in_one_request: ClassVar[bool] = False
     # Constraint kinds the parsed steps ask for in structured mode (see ``structured``).
     structured_kinds: ClassVar[frozenset[str]] = frozenset()
 

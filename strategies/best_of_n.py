@@ -12,7 +12,6 @@ from pydantic import Field
 from refinery.engine.constraints import Constraint
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted, RefineryError
-from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies.base import (
     Detail,
@@ -25,6 +24,7 @@ from refinery.strategies.base import (
     step_params,
 )
 from refinery.strategies.cot import CoT, sample_inner
+from refinery.strategies.spec import ChildCost
 from refinery.verifiers.judge import parse_score, score_form
 from refinery.verifiers.math import normalize_answer
 from refinery.verifiers.steps import (

@@ -32,12 +32,13 @@ class CoT(Strategy):
     use instead of n separate solves.
 
     Example:
-        >>> attempt = await CoT(temperature=0.0).solve(task, ctx)
-        >>> attempt.answer
+        >>> attempt = await CoT(temperature=0.0).solve(task, ctx)  # doctest: +SKIP
+        >>> attempt.answer  # doctest: +SKIP
         '18'
     """
 
     name = "cot"
+    samples_in_one_request = True  # sample_inner sends n attempts as one request
 
     class Params(StrategyParams):
         temperature: float | None = Field(None, ge=0.0, le=2.0,

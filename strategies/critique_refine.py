@@ -9,7 +9,6 @@ from pydantic import Field
 
 from refinery.engine.constraints import Constraint
 from refinery.engine.context import Context
-from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies.base import (
     Detail,
@@ -22,6 +21,7 @@ from refinery.strategies.base import (
 )
 from refinery.strategies.cot import CoT
 from refinery.strategies.parsing import after
+from refinery.strategies.spec import ChildCost
 
 DIMENSIONS = ("correctness", "completeness", "reasoning validity", "format")
 NEUTRAL = 2.5  # an unreadable dimension score, as in the released code

@@ -11,11 +11,11 @@ from pydantic import Field
 from refinery.engine.confidence import ConfidenceRule, percentile
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted, SpecError
-from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Task
 from refinery.strategies.base import SampledParams, Strategy, dedupe, exc_message
 from refinery.strategies.confidence_vote import Ended, Voter, elect, share, tally, voter
 from refinery.strategies.cot import CoT
+from refinery.strategies.spec import ChildCost
 
 
 class DeepConf(Strategy):

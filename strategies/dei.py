@@ -11,7 +11,6 @@ from pydantic import Field
 from refinery.engine.constraints import Constraint
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted
-from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies.base import (
     Detail,
@@ -25,6 +24,7 @@ from refinery.strategies.base import (
 )
 from refinery.strategies.critique_refine import CritiqueRefine
 from refinery.strategies.sage import SAGE
+from refinery.strategies.spec import ChildCost
 from refinery.strategies.ssr import SSR
 from refinery.verifiers.judge import grade_pattern, parse_score
 from refinery.verifiers.math import normalize_answer

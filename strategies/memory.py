@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from refinery.engine.context import Context
-from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Task
 from refinery.strategies.base import Strategy, StrategyParams, with_note
 from refinery.strategies.cot import CoT, sample_inner
 from refinery.strategies.memory_store import load_store
+from refinery.strategies.spec import ChildCost
 
 NOTE = "Lessons from similar problems:\n{lessons}"
 

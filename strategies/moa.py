@@ -9,7 +9,6 @@ from pydantic import Field
 
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted
-from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies.base import (
     PartialAttempts,
@@ -22,6 +21,7 @@ from refinery.strategies.base import (
 from refinery.strategies.cot import CoT, sample_inner
 from refinery.strategies.cot_reflection import CoTReflection
 from refinery.strategies.re2 import ReRead
+from refinery.strategies.spec import ChildCost
 from refinery.verifiers.math import normalize_answer
 
 # Inner strategies whose n drafts are one request (cot and its variants).

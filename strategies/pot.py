@@ -9,11 +9,11 @@ from pydantic import Field
 
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted
-from refinery.strategies.spec import ChildCost
 from refinery.engine.trace import StepKind
 from refinery.engine.types import Attempt, Completion, Message, SamplingParams, Task
 from refinery.strategies.base import Strategy, StructuredParams, step_params
 from refinery.strategies.execution import Execution, execute, program_constraint, with_examples
+from refinery.strategies.spec import ChildCost
 
 INSTRUCTION = ("Do not solve it in words. Write a Python function solution() that computes "
                "the answer and returns it, as one ```python block.")

@@ -1,29 +1,28 @@
-"""The strategy registry: name (and aliases) -> entry, as ``refinery.strategies.spec`` expects.
+"""The strategy registry: spec names and aliases -> strategy classes.
 
-Each entry exposes the class, its Params model, how many inner strategies it
-takes (positional arguments in a spec), its default inner strategies, and its
-worst-case call count as a function of its params and its children's worst
-cases. All of it is read off the strategy class, so a strategy is described
-in one place.
+A strategy class carries everything the spec language reads (its ``name``,
+``Params``, inner counts, default inner strategies, ``worst_case``), so the
+registry only lists the classes, each with the other names a spec may call it
+by. Adding a strategy is its file, its import here and its line in
+:data:`STRATEGIES` (and its row in the README's strategies table, which a test
+holds to the registry).
 
 Example:
     >>> REGISTRY["self_consistency"].name
     'sc'
     >>> build("sc(cot, n=4)").params.n
     4
+    >>> next(d for d in describe() if d["name"] == "beam")["params"]["scorer"]["type"]
+    'str (registered: arith, judge, prm)'
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 import networkx as nx
-from pydantic import BaseModel
 
-from refinery.strategies.spec import DEFAULT_MAX_CALLS, ChildCost, build_strategy, type_name
 from refinery.strategies.adaptive_sc import AdaptiveSelfConsistency
 from refinery.strategies.base import Strategy
 from refinery.strategies.beam import BeamSearch
@@ -42,90 +41,40 @@ from refinery.strategies.re2 import ReRead
 from refinery.strategies.sage import SAGE
 from refinery.strategies.self_consistency import SelfConsistency
 from refinery.strategies.self_debug import SelfDebug
+from refinery.strategies.spec import DEFAULT_MAX_CALLS, build_strategy, type_name
 from refinery.strategies.ssr import SSR
 from refinery.strategies.ssr_ada import SSRAda
 from refinery.strategies.ssr_plan import SSRPlan
 from refinery.strategies.tir import ToolIntegratedReasoning
 
-
-@dataclass(frozen=True)
-class Entry:
-    """One registered strategy."""
-
-    cls: type[Strategy]
-    aliases: tuple[str, ...] = ()
-
-    @property
-    def name(self) -> str:
-        return self.cls.name
-
-    @property
-    def params(self) -> type[BaseModel]:
-        return self.cls.Params
-
-    @property
-    def min_inner(self) -> int:
-        return self.cls.min_inner
-
-    @property
-    def max_inner(self) -> int | None:
-        return self.cls.max_inner
-
-    @property
-    def default_inner(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.cls.default_inner)
-
-    @property
-    def samples_in_one_request(self) -> bool:
-        # the test cot.sample_inner makes: a cot variant samples n attempts in one request
-        return issubclass(self.cls, CoT)
-
-    def worst_case(self, params: BaseModel, children: Sequence[ChildCost]) -> int:
-        return self.cls.worst_case(params, children)
-
-    def build(self, inner: Sequence[Strategy], params: BaseModel) -> Strategy:
-        return self.cls.from_validated(inner, params)
-
-    def describe(self) -> dict[str, Any]:
-        """Name, aliases, inner strategies and parameters (for ``refinery strategies``)."""
-        hi = "any" if self.max_inner is None else self.max_inner
-        return {
-            "name": self.name, "aliases": list(self.aliases),
-            "inner": self.min_inner if self.min_inner == hi else f"{self.min_inner}..{hi}",
-            "default_inner": list(self.default_inner),
-            "params": {k: {"type": type_name(f.annotation),
-                           "default": f.default, "description": f.description or ""}
-                       for k, f in self.params.model_fields.items()},
-            "doc": (self.cls.__doc__ or "").strip().splitlines()[0],
-        }
-
-
-ENTRIES: tuple[Entry, ...] = (
-    Entry(CoT, ("chain_of_thought",)),
-    Entry(SelfConsistency, ("self_consistency",)),
-    Entry(AdaptiveSelfConsistency, ("adaptive_sc", "adaptive_consistency")),
-    Entry(BestOfN, ("bon",)),
-    Entry(CritiqueRefine, ("critique",)),
-    Entry(SSR, ("socratic_self_refine",)),
-    Entry(SSRAda),
-    Entry(SSRPlan),
-    Entry(SAGE),
-    Entry(DEI, ("committee",)),
-    Entry(MoA, ("mixture_of_agents",)),
-    Entry(ReRead, ("reread", "re_reading")),
-    Entry(CoTReflection),
-    Entry(DeepConf),
-    Entry(ProgramOfThought, ("program_of_thought", "pal")),
-    Entry(SelfDebug, ("self_debugging",)),
-    Entry(ToolIntegratedReasoning, ("tool_integrated_reasoning",)),
-    Entry(BeamSearch, ("beam_search",)),
-    Entry(DVTS, ("diverse_verifier_tree_search",)),
-    Entry(ParticleFilter, ("particle_filtering", "pf")),
-    Entry(Memory, ("procedural_memory",)),
+# Every strategy once, in the order ``refinery strategies`` lists them, with its aliases.
+STRATEGIES: tuple[tuple[type[Strategy], tuple[str, ...]], ...] = (
+    (CoT, ("chain_of_thought",)),
+    (SelfConsistency, ("self_consistency",)),
+    (AdaptiveSelfConsistency, ("adaptive_sc", "adaptive_consistency")),
+    (BestOfN, ("bon",)),
+    (CritiqueRefine, ("critique",)),
+    (SSR, ("socratic_self_refine",)),
+    (SSRAda, ()),
+    (SSRPlan, ()),
+    (SAGE, ()),
+    (DEI, ("committee",)),
+    (MoA, ("mixture_of_agents",)),
+    (ReRead, ("reread", "re_reading")),
+    (CoTReflection, ()),
+    (DeepConf, ()),
+    (ProgramOfThought, ("program_of_thought", "pal")),
+    (SelfDebug, ("self_debugging",)),
+    (ToolIntegratedReasoning, ("tool_integrated_reasoning",)),
+    (BeamSearch, ("beam_search",)),
+    (DVTS, ("diverse_verifier_tree_search",)),
+    (ParticleFilter, ("particle_filtering", "pf")),
+    (Memory, ("procedural_memory",)),
 )
 
-# Read-only: name or alias -> entry.
-REGISTRY = MappingProxyType({key: e for e in ENTRIES for key in (e.name, *e.aliases)})
+# Read-only: name or alias -> class.
+REGISTRY: MappingProxyType[str, type[Strategy]] = MappingProxyType(
+    {key: cls for cls, aliases in STRATEGIES for key in (cls.name, *aliases)})
 
 
 def build_with_graph(spec: str, *, max_calls: int | None = DEFAULT_MAX_CALLS,
@@ -145,5 +94,19 @@ def build(spec: str, *, max_calls: int | None = DEFAULT_MAX_CALLS, **limits: int
 
 
 def describe() -> list[dict[str, Any]]:
-    """Every strategy with its parameters and defaults, in registry order."""
-    return [e.describe() for e in ENTRIES]
+    """Every strategy with its parameters and defaults, in registry order (for
+    ``refinery strategies``)."""
+    return [_describe(cls, aliases) for cls, aliases in STRATEGIES]
+
+
+def _describe(cls: type[Strategy], aliases: tuple[str, ...]) -> dict[str, Any]:
+    hi = "any" if cls.max_inner is None else cls.max_inner
+    return {
+        "name": cls.name, "aliases": list(aliases),
+        "inner": cls.min_inner if cls.min_inner == hi else f"{cls.min_inner}..{hi}",
+        "default_inner": [c.name for c in cls.default_inner],
+        "params": {k: {"type": type_name(f.rebuild_annotation()),
+                       "default": f.default, "description": f.description or ""}
+                   for k, f in cls.Params.model_fields.items()},
+        "doc": (cls.__doc__ or "").strip().splitlines()[0],
+    }

@@ -10,7 +10,6 @@ from pydantic import Field
 
 from refinery.engine.constraints import Constraint
 from refinery.engine.context import Context
-from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies.base import (
     Detail,
@@ -23,6 +22,7 @@ from refinery.strategies.base import (
 )
 from refinery.strategies.cot import CoT
 from refinery.strategies.parsing import parse_json_object
+from refinery.strategies.spec import ChildCost
 
 ABSTRACT = """Here is a problem and one attempt at it.
 

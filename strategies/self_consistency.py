@@ -9,10 +9,10 @@ from typing import Literal
 from pydantic import Field
 
 from refinery.engine.context import Context
-from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Task
 from refinery.strategies.base import Detail, LoopStrategy, SampledParams, Scored
 from refinery.strategies.cot import CoT, sample_inner
+from refinery.strategies.spec import ChildCost
 from refinery.verifiers.math import normalize_answer
 
 

@@ -11,11 +11,11 @@ from pydantic import Field
 
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted
-from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies.base import Strategy, StrategyParams, attempt_from
 from refinery.strategies.cot import CoT
 from refinery.strategies.execution import execution_sandbox
+from refinery.strategies.spec import ChildCost
 from refinery.verifiers.code import extract_code
 
 FEEDBACK = ("Your function fails these examples from the problem:\n{failures}\n\n"

@@ -4,19 +4,27 @@ A spec is a Python-call-shaped string, ``dei(ssr, critique_refine(rounds=2), sag
 votes=5)``, parsed with ``ast.parse(mode="eval")``. Only names, calls, keyword
 arguments and literals are allowed: nothing is ever evaluated. A bare name is the
 call with defaults; positional arguments are inner strategies, keywords are
-parameters. The graph has one node per strategy (``name``, validated ``params``,
+parameters (a bare name as a parameter is that string: ``beam(scorer=arith)``).
+The graph has one node per strategy (``name``, the class, validated ``params``,
 worst-case ``calls``) and ordered edges parent -> inner strategy.
 
-The engine does not import ``strategies``: the registry is an argument, any mapping
-``name -> entry`` where an entry provides what :class:`StrategyEntry` lists (the
-``strategies`` package passes its own).
+The registry is an argument: a mapping from names and aliases to
+:class:`~refinery.strategies.base.Strategy` classes, each of which carries what
+the graph reads (``name``, ``Params``, ``min_inner``/``max_inner``,
+``default_inner``, ``worst_case``, ``samples_in_one_request``, ``from_validated``).
+This module names no strategy: ``base`` builds on it, and a registry of one's own
+classes composes the same way as the package's.
 
 Example:
     >>> from refinery.strategies.registry import REGISTRY
     >>> strategy, g = build_strategy("sc(cot, n=4)", REGISTRY)
     >>> worst_case_calls(g), to_spec(g)
     (1, 'sc(cot, n=4)')
-    >>> print(to_mermaid(g))  # doctest: +SKIP
+    >>> print(to_mermaid(g))
+    flowchart TD
+        n0["sc<br/>n=4<br/><= 1 calls"]
+        n1["cot<br/><= 1 calls"]
+        n0 --> n1
 """
 
 from __future__ import annotations
@@ -26,12 +34,17 @@ import difflib
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, get_args, get_origin
+from types import UnionType
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 import networkx as nx
-from pydantic import BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, ValidationError
 
 from refinery.engine.errors import BudgetError, SpecError
+from refinery.verifiers.steps import RegisteredName
+
+if TYPE_CHECKING:  # base imports this module: the class is only named here
+    from refinery.strategies.base import Strategy
 
 MAX_SPEC_CHARS = 2000
 DEFAULT_MAX_CALLS = 2000
@@ -63,25 +76,8 @@ class ChildCost:
     one_request: bool = False
 
 
-class StrategyEntry(Protocol):
-    """What the graph needs to know about one registered strategy."""
-
-    name: str
-    params: type[BaseModel]
-    min_inner: int
-    max_inner: int | None
-    default_inner: tuple[str, ...]
-    # Optional: ``samples_in_one_request`` (bool, default False), see ChildCost.
-
-    def worst_case(self, params: BaseModel, children: Sequence[ChildCost]) -> int: ...
-
-    def build(self, inner: Sequence[Any], params: BaseModel) -> Any:
-        """The strategy of a node :func:`validate` checked: ``params`` is already the
-        validated model and ``inner`` the right number of built children."""
-        ...
-
-
-Registry = Mapping[str, StrategyEntry]
+Registry = Mapping[str, "type[Strategy]"]
+"""Name or alias -> strategy class (``refinery.strategies.registry.REGISTRY`` is one)."""
 
 
 # ------------------------------------------------------------------------------- parse
@@ -89,6 +85,10 @@ Registry = Mapping[str, StrategyEntry]
 
 def parse_spec(spec: str) -> nx.DiGraph:
     """Parse a spec string into a raw graph (names as written, parameters unchecked).
+
+    A node has ``name``, ``kwargs`` and ``bare``: the keywords given as a bare name
+    (``scorer=arith``), kept as that string; :func:`validate` refuses one that names
+    a strategy.
 
     Raises:
         SpecError: the string does not parse or uses syntax other than names,
@@ -128,7 +128,7 @@ def _add(g: nx.DiGraph, node: ast.expr, ids: itertools.count) -> str:
         raise SpecError(f"{name!r} is not a strategy name (names starting with '_' are "
                         "not allowed)", param="strategy")
     nid = f"n{next(ids)}"
-    g.add_node(nid, name=name, kwargs={})
+    g.add_node(nid, name=name, kwargs={}, bare=set())
     for order, arg in enumerate(args):
         if isinstance(arg, ast.Starred):
             raise _disallowed(arg, f"in the arguments of {name}")
@@ -145,7 +145,11 @@ def _add(g: nx.DiGraph, node: ast.expr, ids: itertools.count) -> str:
             # ast.parse accepts f(n=1, n=2) (only compile rejects it): refuse, don't pick one.
             raise SpecError(f"parameter {kw.arg} of {name} is given more than once",
                             param="strategy")
-        g.nodes[nid]["kwargs"][kw.arg] = _literal(kw.value, name, kw.arg)
+        if isinstance(kw.value, ast.Name):  # a bare name: the string, where one is meant
+            g.nodes[nid]["bare"].add(kw.arg)
+            g.nodes[nid]["kwargs"][kw.arg] = kw.value.id
+        else:
+            g.nodes[nid]["kwargs"][kw.arg] = _literal(kw.value, name, kw.arg)
     return nid
 
 
@@ -159,9 +163,9 @@ def _is_literal(node: ast.expr) -> bool:
 
 def _literal(node: ast.expr, name: str, key: str) -> Any:
     if not _is_literal(node):
-        if isinstance(node, (ast.Name, ast.Call)):
+        if isinstance(node, ast.Call):
             raise SpecError(f"parameter {key} of {name} must be a literal, not "
-                            f"{_show(node)!r} (quote strings: {key}='...')",
+                            f"{_show(node)!r} (inner strategies are positional)",
                             param="strategy")
         raise _disallowed(node, f"in parameter {key} of {name}")
     # literal_eval on an already-vetted Constant / signed number: no evaluation risk.
@@ -213,7 +217,7 @@ def validate_params(name: str, model: type[BaseModel], kwargs: Mapping[str, Any]
             msg = f"{name} has no parameter {field!r}{hint} (parameters: {known})"
         else:
             info = model.model_fields.get(field)
-            expected = type_name(info.annotation) if info is not None else "?"
+            expected = type_name(info.rebuild_annotation()) if info is not None else "?"
             got = err.get("input")
             msg = (f"bad parameter for {name}: {field} expects {expected}, got "
                    f"{_clip(repr(got))} ({type(got).__name__}): {err['msg']}")
@@ -233,16 +237,38 @@ def check_inner_count(name: str, lo: int, hi: int | None, got: int) -> None:
 
 
 def type_name(tp: Any) -> str:
-    """A readable name for a type annotation: ``int``, ``float | None``, ``'a' | 'b'``."""
-    args = get_args(tp)
-    origin = get_origin(tp)
-    if origin is None:
-        return getattr(tp, "__name__", repr(tp)).replace("NoneType", "None")
-    if getattr(origin, "__name__", "") == "Literal" or str(origin) == "typing.Literal":
+    """A type annotation as a person writes it: ``int``, ``float | None``, ``'a' | 'b'``
+    for a Literal; a string checked against registered names (a
+    :class:`~refinery.verifiers.steps.RegisteredName` validator) shows them.
+
+    Pass ``FieldInfo.rebuild_annotation()`` for a model field: pydantic moves a
+    field's own ``Annotated`` metadata off ``annotation``.
+
+    Example:
+        >>> from refinery.verifiers.steps import ScorerName
+        >>> type_name(float | None), type_name(Literal["best", "last"])
+        ('float | None', "'best' | 'last'")
+        >>> type_name(ScorerName | None)
+        'str (registered: arith, judge, prm) | None'
+    """
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is Annotated:  # constraints (ge=1) are left to the error message
+        base, *metadata = args
+        return type_name(base) + "".join(_registered_names(m) for m in metadata)
+    if origin is Literal:
         return " | ".join(repr(a) for a in args)
-    if args:
+    if origin is Union or origin is UnionType:
         return " | ".join(type_name(a) for a in args)
-    return str(tp)
+    if origin is not None:
+        return f"{type_name(origin)}[{', '.join(type_name(a) for a in args)}]"
+    return "None" if tp is type(None) else getattr(tp, "__name__", repr(tp))
+
+
+def _registered_names(metadata: Any) -> str:
+    check = metadata.func if isinstance(metadata, AfterValidator) else None
+    if isinstance(check, RegisteredName):
+        return f" (registered: {', '.join(check.allowed)})"
+    return ""
 
 
 def validate(g: nx.DiGraph, registry: Registry, *, max_depth: int = DEFAULT_MAX_DEPTH,
@@ -273,17 +299,15 @@ def validate(g: nx.DiGraph, registry: Registry, *, max_depth: int = DEFAULT_MAX_
         if depth > max_depth:
             raise SpecError(f"strategy spec nests deeper than {max_depth} levels "
                             f"(at {data['name']})", param="strategy")
-        entry = _entry(registry, data["name"])
-        data.update(name=entry.name, entry=entry,
-                    params=validate_params(entry.name, entry.params, data["kwargs"]))
+        cls = _node_class(data, registry)
         kids = children(g, nid)
         if not kids:
-            for order, sub in enumerate(entry.default_inner):
-                _graft(g, nid, parse_spec(sub), order, ids)
+            for order, sub in enumerate(cls.default_inner):
+                _graft(g, nid, parse_spec(sub.name), order, ids)
             kids = children(g, nid)
-        check_inner_count(entry.name, entry.min_inner, entry.max_inner, len(kids))
+        check_inner_count(cls.name, cls.min_inner, cls.max_inner, len(kids))
         if len(kids) > max_fanout:
-            raise SpecError(f"{entry.name} has {len(kids)} inner strategies, above the "
+            raise SpecError(f"{cls.name} has {len(kids)} inner strategies, above the "
                             f"fan-out limit of {max_fanout}", param="strategy")
         if g.number_of_nodes() > max_nodes:
             raise SpecError(f"strategy spec has more than {max_nodes} strategies",
@@ -300,19 +324,30 @@ def validate(g: nx.DiGraph, registry: Registry, *, max_depth: int = DEFAULT_MAX_
     return g
 
 
-def _entry(registry: Registry, name: str) -> StrategyEntry:
-    """The registry's entry for ``name`` (or an alias of it).
+def _node_class(data: dict[str, Any], registry: Registry) -> type[Strategy]:
+    """Resolve a node's strategy class and validate its parameters, in place: ``name``
+    becomes canonical, ``cls`` and ``params`` are set.
 
     Raises:
-        SpecError: unknown name, with the closest known one and the list.
+        SpecError: unknown name (with the closest known one and the list), a bare
+            name that names a strategy given as a parameter, a bad parameter.
     """
-    entry = registry.get(name)
-    if entry is None:
+    name = data["name"]
+    cls = registry.get(name)
+    if cls is None:
         close = difflib.get_close_matches(name, list(registry), n=1, cutoff=0.5)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        known = ", ".join(sorted({e.name for e in registry.values()}))
+        known = ", ".join(sorted({c.name for c in registry.values()}))
         raise SpecError(f"unknown strategy {name!r}{hint} (known: {known})", param="strategy")
-    return entry
+    for key in sorted(data.get("bare", ())):
+        value = data["kwargs"][key]
+        if value in registry:  # sc(n=cot): a strategy where a parameter goes, not 'cot'
+            raise SpecError(f"parameter {key} of {name} is given the strategy {value!r}: "
+                            "inner strategies are positional arguments; quote the "
+                            f"string if that is meant ({key}={value!r})", param="strategy")
+    data.update(name=cls.name, cls=cls,
+                params=validate_params(cls.name, cls.Params, data["kwargs"]))
+    return cls
 
 
 def _graft(g: nx.DiGraph, parent: str, sub: nx.DiGraph, order: int,
@@ -340,29 +375,29 @@ def worst_case_calls(g: nx.DiGraph, nid: str | None = None) -> int:
     """
     nid = g.graph["root"] if nid is None else nid
     data = g.nodes[nid]
-    if "entry" not in data:
+    if "cls" not in data:
         raise SpecError("worst_case_calls needs a validated graph (see validate)")
     kids = [ChildCost(g.nodes[k]["name"], worst_case_calls(g, k),
-                      getattr(g.nodes[k]["entry"], "samples_in_one_request", False))
+                      g.nodes[k]["cls"].samples_in_one_request)
             for k in children(g, nid)]
-    data["calls"] = int(data["entry"].worst_case(data["params"], kids))
+    data["calls"] = int(data["cls"].worst_case(data["params"], kids))
     return data["calls"]
 
 
 # ------------------------------------------------------------------------ build, render
 
 
-def instantiate(g: nx.DiGraph, nid: str | None = None) -> Any:
+def instantiate(g: nx.DiGraph, nid: str | None = None) -> Strategy:
     """Build the strategy tree of a validated graph, inner strategies first."""
     nid = g.graph["root"] if nid is None else nid
     data = g.nodes[nid]
     inner = [instantiate(g, k) for k in children(g, nid)]
-    return data["entry"].build(inner, data["params"])
+    return data["cls"].from_validated(inner, data["params"])
 
 
 def build_strategy(spec: str, registry: Registry, *, max_calls: int | None = DEFAULT_MAX_CALLS,
                    max_depth: int = DEFAULT_MAX_DEPTH, max_fanout: int = DEFAULT_MAX_FANOUT,
-                   max_nodes: int = DEFAULT_MAX_NODES) -> tuple[Any, nx.DiGraph]:
+                   max_nodes: int = DEFAULT_MAX_NODES) -> tuple[Strategy, nx.DiGraph]:
     """Parse, validate and instantiate a spec: ``(strategy, graph)``.
 
     Raises:

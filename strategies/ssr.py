@@ -8,11 +8,11 @@ from typing import ClassVar
 from pydantic import Field
 
 from refinery.engine.context import Context
-from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Task
 from refinery.strategies import socratic
 from refinery.strategies.base import LoopStrategy, Scored, StructuredParams
 from refinery.strategies.cot import CoT
+from refinery.strategies.spec import ChildCost
 
 Assessed = Scored[socratic.Assessment]
 

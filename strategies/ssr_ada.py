@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from refinery.strategies.spec import ChildCost
 from refinery.strategies import socratic
+from refinery.strategies.spec import ChildCost
 from refinery.strategies.ssr import SSR
 
 

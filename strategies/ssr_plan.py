@@ -7,11 +7,11 @@ from collections.abc import Sequence
 from refinery.engine.constraints import Constraint
 from refinery.engine.context import Context, Generation
 from refinery.engine.errors import BudgetExhausted
-from refinery.strategies.spec import ChildCost
 from refinery.engine.trace import StepKind
 from refinery.engine.types import Attempt, Message, Task
 from refinery.strategies import socratic
 from refinery.strategies.base import record_parse, step_params, with_note
+from refinery.strategies.spec import ChildCost
 from refinery.strategies.ssr import SSR
 from refinery.strategies.ssr_ada import SSRAda
 from refinery.verifiers.judge import parse_score

@@ -11,10 +11,10 @@ from refinery.engine.backends.base import require_continuation
 from refinery.engine.constraints import Constraint
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted
-from refinery.strategies.spec import ChildCost
 from refinery.engine.types import Attempt, Message, SamplingParams, Task
 from refinery.strategies.base import Strategy, StructuredParams, step_params
 from refinery.strategies.execution import Execution, execute_block, program_block, with_examples
+from refinery.strategies.spec import ChildCost
 from refinery.verifiers.math import extract_answer
 
 INSTRUCTION = ("Solve it with Python: write a ```python block that prints what you need; "

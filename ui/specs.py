@@ -22,8 +22,8 @@ import networkx as nx
 from pydantic import BaseModel, Field
 
 from refinery.engine.errors import RefineryError
-from refinery.strategies.spec import DEFAULT_MAX_CALLS, children, non_default, parse_spec, to_spec
 from refinery.strategies.registry import REGISTRY, build_with_graph
+from refinery.strategies.spec import DEFAULT_MAX_CALLS, children, non_default, parse_spec, to_spec
 
 
 class Suggestion(BaseModel):
@@ -97,11 +97,11 @@ def suggest(spec: str) -> Suggestion | None:
         return None  # does not parse: nothing to compare
     for nid in nx.topological_sort(g):
         data = g.nodes[nid]
-        entry = REGISTRY.get(data["name"])
-        if entry is None:
+        cls = REGISTRY.get(data["name"])
+        if cls is None:
             close = difflib.get_close_matches(data["name"], list(REGISTRY), n=1, cutoff=0.5)
             return _suggestion("strategy", data["name"], close)
-        fields = list(entry.params.model_fields)
+        fields = list(cls.Params.model_fields)
         for key in data["kwargs"]:
             if key not in fields:
                 return _suggestion("parameter", key, difflib.get_close_matches(key, fields, n=1))

@@ -20,7 +20,8 @@ from refinery.engine.run import (
     solve_one,
 )
 from refinery.engine.types import Delta, SamplingParams, Task
-from refinery.strategies import CoT, SelfConsistency
+from refinery.strategies.cot import CoT
+from refinery.strategies.self_consistency import SelfConsistency
 from tests.scripted_backend import ScriptedBackend
 
 SCHEMA = {"type": "object", "properties": {"answer": {"type": "integer"}},

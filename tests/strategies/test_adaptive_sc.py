@@ -5,8 +5,14 @@ from __future__ import annotations
 import pytest
 
 from refinery.engine.errors import SpecError
-from refinery.strategies import AdaptiveSelfConsistency, CoT, build_with_graph
-from refinery.strategies.adaptive_sc import contest, leader_holds, votes_needed
+from refinery.strategies import build_with_graph
+from refinery.strategies.adaptive_sc import (
+    AdaptiveSelfConsistency,
+    contest,
+    leader_holds,
+    votes_needed,
+)
+from refinery.strategies.cot import CoT
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ctx, task
 

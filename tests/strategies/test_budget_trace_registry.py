@@ -10,8 +10,12 @@ from refinery.engine.context import Budget
 from refinery.engine.errors import BudgetExhausted, SpecError
 from refinery.engine.run import run, solve_one
 from refinery.engine.types import Attempt
-from refinery.strategies import DEI, SSR, CoT, CritiqueRefine, SelfConsistency
 from refinery.strategies.base import PartialAttempts, gather_attempts
+from refinery.strategies.cot import CoT
+from refinery.strategies.critique_refine import CritiqueRefine
+from refinery.strategies.dei import DEI
+from refinery.strategies.self_consistency import SelfConsistency
+from refinery.strategies.ssr import SSR
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ProbeBackend, ctx, task
 
@@ -79,8 +83,8 @@ def test_registry_aliases_and_python_construction():
         SelfConsistency(CoT(), CoT())
     with pytest.raises(SpecError, match=r"sc has no parameter 'nn'; did you mean 'n'\?"):
         SelfConsistency(CoT(), nn=4)
-    assert repr(strategies.DEI()) == "dei(ssr(cot), critique_refine(cot), sage(cot))"
-    assert repr(strategies.DEI()) == repr(strategies.build("dei"))
+    assert repr(DEI()) == "dei(ssr(cot), critique_refine(cot), sage(cot))"
+    assert repr(DEI()) == repr(strategies.build("dei"))
     names = [d["name"] for d in strategies.describe()]
     assert names == ["cot", "sc", "asc", "best_of_n", "critique_refine", "ssr", "ssr_ada",
                      "ssr_plan", "sage", "dei", "moa", "re2", "cot_reflection", "deepconf",

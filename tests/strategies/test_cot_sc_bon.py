@@ -7,7 +7,11 @@ import pytest
 from refinery.engine.context import Context
 from refinery.engine.errors import SpecError
 from refinery.engine.types import Completion, Delta
-from refinery.strategies import BestOfN, CoT, CritiqueRefine, SelfConsistency, build
+from refinery.strategies import build
+from refinery.strategies.best_of_n import BestOfN
+from refinery.strategies.cot import CoT
+from refinery.strategies.critique_refine import CritiqueRefine
+from refinery.strategies.self_consistency import SelfConsistency
 from refinery.verifiers.base import Verdict
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ctx, prompts, task

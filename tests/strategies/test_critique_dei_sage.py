@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from refinery.engine.types import Delta
-from refinery.strategies import DEI, SAGE, CoT, CritiqueRefine
-from refinery.strategies.sage import plan_schema
+from refinery.strategies.cot import CoT
+from refinery.strategies.critique_refine import CritiqueRefine
+from refinery.strategies.dei import DEI
+from refinery.strategies.sage import SAGE, plan_schema
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ctx, prompts, task
 

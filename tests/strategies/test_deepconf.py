@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from refinery.engine.errors import SpecError
-from refinery.strategies import CoT, DeepConf, build_with_graph
+from refinery.strategies import build_with_graph
+from refinery.strategies.cot import CoT
+from refinery.strategies.deepconf import DeepConf
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ctx, task
 

@@ -11,8 +11,11 @@ from refinery.engine.errors import BudgetExhausted
 from refinery.engine.run import solve_one
 from refinery.engine.types import Delta
 from refinery.serving.streaming import reasoning_text
-from refinery.strategies import CoT, CoTReflection, MoA, ReRead, Strategy
-from refinery.strategies.cot_reflection import output_of, section
+from refinery.strategies import Strategy
+from refinery.strategies.cot import CoT
+from refinery.strategies.cot_reflection import CoTReflection, output_of, section
+from refinery.strategies.moa import MoA
+from refinery.strategies.re2 import ReRead
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import QUESTION, ProbeBackend, ctx, prompts, task
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from refinery.engine.constraints import Constraint
-from refinery.strategies import ProgramOfThought, SelfConsistency, build
+from refinery.strategies import build
 from refinery.strategies.execution import execute, program_constraint, read_program
+from refinery.strategies.pot import ProgramOfThought
+from refinery.strategies.self_consistency import SelfConsistency
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ctx, task
 

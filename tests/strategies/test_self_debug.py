@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from refinery.engine.types import Task
 from refinery.eval.datasets import load_humaneval
-from refinery.strategies import CoT, SelfDebug
+from refinery.strategies.cot import CoT
 from refinery.strategies.execution import execution_sandbox
-from refinery.strategies.self_debug import visible_examples
+from refinery.strategies.self_debug import SelfDebug, visible_examples
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ctx
 

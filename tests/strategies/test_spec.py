@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import ast
-from dataclasses import dataclass
-from pathlib import Path
-
 import pytest
-from pydantic import BaseModel, ConfigDict
 
 from refinery.engine.errors import BudgetError, SpecError
+from refinery.strategies import Strategy, StrategyParams
+from refinery.strategies.cot import CoT
+from refinery.strategies.critique_refine import CritiqueRefine
+from refinery.strategies.dei import DEI
+from refinery.strategies.registry import REGISTRY
+from refinery.strategies.sage import SAGE
+from refinery.strategies.self_consistency import SelfConsistency
 from refinery.strategies.spec import (
     build_strategy,
     children,
@@ -19,8 +21,7 @@ from refinery.strategies.spec import (
     validate,
     worst_case_calls,
 )
-from refinery.strategies import DEI, SAGE, SSR, CoT, CritiqueRefine, SelfConsistency
-from refinery.strategies.registry import REGISTRY
+from refinery.strategies.ssr import SSR
 
 COMPOSITE = "dei(ssr, critique_refine(rounds=2), sage(cot), votes=5)"
 
@@ -102,7 +103,7 @@ def test_bad_parameter_names_field_and_type():
     ("lambda: cot", "lambda"),
     ("sc(*cots)", r"\*args"),
     ("sc(**opts)", r"\*\*kwargs"),
-    ("sc(cot, n=eight)", "must be a literal"),
+    ("sc(cot, n=cot())", "must be a literal, not 'cot\\(\\)'"),
     ("sc(8)", "must be an inner strategy"),
     ("sc(cot", "does not parse"),
     ("sc(cot)()", "must be a strategy name"),
@@ -147,52 +148,82 @@ def test_mermaid():
     assert "#quot;hi#quot;" in to_mermaid(g) and '"hi"' not in to_mermaid(g)
 
 
-# The engine knows nothing of the strategies package: any registry will do.
-class Knobs(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    k: int = 2
+def test_a_bare_name_is_a_string_parameter():
+    g = parse_spec("beam(scorer=judge, width=2)")
+    assert g.nodes["n0"]["kwargs"] == {"scorer": "judge", "width": 2}
+    assert g.nodes["n0"]["bare"] == {"scorer"}
+    strategy, g = build_strategy("beam(scorer=judge)", REGISTRY)
+    quoted, gq = build_strategy('beam(scorer="judge")', REGISTRY)
+    assert strategy.params == quoted.params and strategy.params.scorer == "judge"
+    assert to_spec(g) == to_spec(gq) == "beam(scorer='judge')"
+    assert build_strategy("best_of_n(step_scorer=prm)", REGISTRY)[0].params.step_scorer == "prm"
+    # still checked as the string it is
+    with pytest.raises(SpecError, match="unknown step scorer 'nope'; known: arith, judge, prm"):
+        build_strategy("beam(scorer=nope)", REGISTRY)
+    with pytest.raises(SpecError, match=r"n expects int, got 'eight' \(str\)"):
+        build_strategy("sc(cot, n=eight)", REGISTRY)
 
 
-@dataclass
-class Leaf:
-    name: str = "leaf"
-    params: type = Knobs
-    min_inner: int = 0
-    max_inner: int | None = 0
-    default_inner: tuple = ()
+@pytest.mark.parametrize("spec, key, value", [
+    ("memory(store=cot)", "store", "cot"), ("beam(scorer=sc)", "scorer", "sc"),
+    ("sc(cot, n=self_consistency)", "n", "self_consistency"),  # an alias too
+])
+def test_a_bare_strategy_name_as_a_parameter_is_refused(spec, key, value):
+    with pytest.raises(SpecError) as caught:
+        build_strategy(spec, REGISTRY)
+    name = spec.split("(")[0]
+    assert caught.value.message == (
+        f"parameter {key} of {name} is given the strategy {value!r}: inner strategies are "
+        f"positional arguments; quote the string if that is meant ({key}={value!r})")
+    # quoted, the same name is a string like any other
+    assert build_strategy(f"memory(store='{value}')", REGISTRY)[0].params.store == value
 
-    def worst_case(self, params, kids):
+
+# Strategies of one's own: Strategy subclasses, in a registry of their own or added to
+# the package's. The graph reads everything off the class.
+class Leaf(Strategy):
+    name = "leaf"
+
+    class Params(StrategyParams):
+        k: int = 2
+
+    @staticmethod
+    def worst_case(params, children):
         return params.k
 
-    def build(self, inner, params):
-        return ("leaf", params)
+
+class Pair(Strategy):
+    name = "pair"
+    min_inner = max_inner = 2
+    default_inner = (Leaf, Leaf)
+
+    class Params(StrategyParams):
+        times: int = 1
+
+    @staticmethod
+    def worst_case(params, children):
+        return sum(c.calls for c in children) * params.times
 
 
-@dataclass
-class Pair(Leaf):
-    name: str = "pair"
-    min_inner: int = 2
-    max_inner: int | None = 2
-    default_inner: tuple = ("leaf", "leaf(k=3)")
-
-    def worst_case(self, params, kids):
-        return sum(c.calls for c in kids) * params.k
-
-    def build(self, inner, params):
-        return ("pair", inner)
-
-
-def test_graph_with_a_foreign_registry():
-    registry = {"leaf": Leaf(), "pair": Pair()}
-    g = validate(parse_spec("pair"), registry)
-    assert to_spec(g) == "pair(leaf, leaf(k=3))" and worst_case_calls(g) == 10
+def test_a_registry_of_ones_own_classes():
+    registry = {"leaf": Leaf, "pair": Pair, "duo": Pair}
+    g = validate(parse_spec("duo(times=3)"), registry)
+    assert to_spec(g) == "pair(leaf, leaf, times=3)" and worst_case_calls(g) == 12
     strategy, _ = build_strategy("pair(leaf(k=5), leaf)", registry)
-    # build() gets the params the graph validated, not the raw keywords
-    assert strategy == ("pair", [("leaf", Knobs(k=5)), ("leaf", Knobs(k=2))])
-    tree = ast.parse(Path(__file__).parents[2].joinpath("strategies", "spec.py").read_text())
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    assert not any(m.split(".")[0] == "strategies" for m in imported if m)
+    # built with from_validated: the params the graph validated, the inner strategies
+    assert isinstance(strategy, Pair) and [s.params.k for s in strategy.inner] == [5, 2]
+    with pytest.raises(SpecError, match=r"unknown strategy 'cot' \(known: leaf, pair\)"):
+        build_strategy("pair(cot, leaf)", registry)
+
+
+def test_ones_own_classes_compose_with_the_packages():
+    registry = {**REGISTRY, "pair": Pair, "leaf": Leaf}
+    _, g = build_strategy("sc(pair(cot, leaf(k=4)), n=3)", registry)
+    # cot's one-request sampling is read off its class: pair's is not one request
+    assert to_spec(g) == "sc(pair(cot, leaf(k=4)), n=3)" and worst_case_calls(g) == 15
+    assert worst_case_calls(build_strategy("sc(cot, n=3)", registry)[1]) == 1
+    with pytest.raises(SpecError, match="unknown strategy 'pair'"):
+        build_strategy("pair", REGISTRY)
 
 
 def test_python_construction_matches_spec():

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
-from refinery.strategies import SSR, CoT, SSRAda, SSRPlan
+from refinery.strategies.cot import CoT
+from refinery.strategies.ssr import SSR
+from refinery.strategies.ssr_ada import SSRAda
+from refinery.strategies.ssr_plan import SSRPlan
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import ProbeBackend, ctx, prompts, task
 

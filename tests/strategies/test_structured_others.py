@@ -10,10 +10,11 @@ import pytest
 
 from refinery import strategies
 from refinery.engine.constraints import StructuredModeError
-from refinery.strategies import DEI, SAGE, BestOfN, CoT, CritiqueRefine
-from refinery.strategies.critique_refine import CRITIQUE_FORM
-from refinery.strategies.dei import REVIEW_FORM
-from refinery.strategies.sage import plan_schema, render_plan
+from refinery.strategies.best_of_n import BestOfN
+from refinery.strategies.cot import CoT
+from refinery.strategies.critique_refine import CRITIQUE_FORM, CritiqueRefine
+from refinery.strategies.dei import DEI, REVIEW_FORM
+from refinery.strategies.sage import SAGE, plan_schema, render_plan
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import (
     StrictBackend,

@@ -10,7 +10,11 @@ import pytest
 
 from refinery import strategies
 from refinery.engine.constraints import StructuredModeError
-from refinery.strategies import SSR, CoT, SSRAda, SSRPlan, socratic
+from refinery.strategies import socratic
+from refinery.strategies.cot import CoT
+from refinery.strategies.ssr import SSR
+from refinery.strategies.ssr_ada import SSRAda
+from refinery.strategies.ssr_plan import SSRPlan
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import (
     StrictBackend,

@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 
 from refinery.engine.backends.base import ContinuationUnsupportedError
-from refinery.strategies import ToolIntegratedReasoning, build
-from refinery.strategies.tir import OUTPUT_FENCE, block_to_run, segment_constraint
+from refinery.strategies import build
+from refinery.strategies.tir import (
+    OUTPUT_FENCE,
+    ToolIntegratedReasoning,
+    block_to_run,
+    segment_constraint,
+)
 from tests.scripted_backend import ScriptedBackend
 from tests.strategies._util import StrictBackend, ctx, task
 
