@@ -101,7 +101,7 @@ bench-peers: $(PEERS)/optillm/.installed $(PEERS)/its_hub/.installed
 $(PEERS)/optillm/.installed:
 	$(PYTHON) -m venv $(PEERS)/optillm
 	$(PEERS)/optillm/bin/python -m pip install --quiet --upgrade pip
-	# Its torch requirement is unpinned: the CPU build on local disk, not a CUDA download.
+	# Its torch requirement is unpinned: the CPU build goes in first, so pip fetches no CUDA one.
 	$(PEERS)/optillm/bin/python -m pip install --quiet "torch==2.13.0+cpu"
 	$(PEERS)/optillm/bin/python -m pip install --quiet "optillm==$(OPTILLM_VERSION)"
 	touch $@
