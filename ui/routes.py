@@ -13,8 +13,8 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from refinery.engine.errors import AuthenticationError
+from refinery.serving.throttle import TooManyWrongKeysError
 from refinery.ui.auth import (
-    TooManyLoginsError,
     login_response,
     logout_response,
     require_key,
@@ -96,7 +96,7 @@ async def login(request: Request) -> Response:
     next_url = fields.get("next", "")
     try:
         return login_response(ui_settings(request), request, fields.get("key", ""), next_url)
-    except TooManyLoginsError as exc:
+    except TooManyWrongKeysError as exc:
         return render(request, "login.html", status=exc.status, page="login", next=next_url,
                       message=exc.message, headers={"Retry-After": str(exc.retry_after)})
     except AuthenticationError as exc:

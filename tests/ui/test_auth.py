@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
+from refinery.serving.clients import ClientId
 from refinery.serving.dependencies import SESSION_COOKIE, Sessions
+from refinery.serving.throttle import KeyThrottle, TooManyWrongKeysError
 from refinery.ui import UISettings, create_ui_app
-from refinery.ui.auth import LoginThrottle, TooManyLoginsError, safe_next
+from refinery.ui.auth import safe_next
 from tests.ui.conftest import RUN, ui_app
 
 KEY = "sk-test-key"
@@ -103,18 +105,34 @@ def test_logout_ends_the_session_for_whoever_still_holds_its_token(locked) -> No
     assert locked.get("/ui").status_code == 401
 
 
+USER, OTHER_USER = ClientId("loopback", 1000), ClientId("loopback", 1001)
+
+
 def test_a_session_expires_and_a_removed_key_ends_its_sessions() -> None:
     now = [1000.0]
     store = Sessions(ttl=60, clock=lambda: now[0])
-    token = store.open(KEY)
-    assert store.key_id(token) is not None and KEY not in store.key_id(token)
+    token = store.open(KEY, USER)
+    assert store.key_id(token, USER) is not None and KEY not in store.key_id(token, USER)
     now[0] += 61
-    assert store.key_id(token) is None
-    assert store.key_id("made-up") is None and store.key_id(None) is None
+    assert store.key_id(token, USER) is None
+    assert store.key_id("made-up", USER) is None and store.key_id(None, USER) is None
     full = Sessions(limit=2)
-    first = full.open(KEY)
-    full.open(KEY), full.open(KEY)
-    assert len(full) == 2 and full.key_id(first) is None  # the oldest made room
+    first = full.open(KEY, USER)
+    full.open(KEY, USER), full.open(KEY, USER)
+    assert len(full) == 2 and full.key_id(first, USER) is None  # the oldest made room
+
+
+def test_a_session_idles_out_unused_and_opens_nothing_for_another_client() -> None:
+    now = [0.0]
+    store = Sessions(ttl=600, idle=60, clock=lambda: now[0])
+    token = store.open(KEY, USER)
+    for _ in range(5):  # used every 50 s: kept for 250 s, past its idle time
+        now[0] += 50
+        assert store.key_id(token, USER) is not None
+    assert store.key_id(token, OTHER_USER) is None  # the cookie replayed by another user
+    assert store.key_id(token, ClientId("203.0.113.9")) is None
+    now[0] += 61
+    assert store.key_id(token, USER) is None
 
 
 def test_a_session_of_a_key_the_server_no_longer_has_opens_nothing(recorded_runs) -> None:
@@ -126,37 +144,68 @@ def test_a_session_of_a_key_the_server_no_longer_has_opens_nothing(recorded_runs
     assert client.get("/ui/runs").status_code == 401
 
 
+def frozen_throttle(app) -> list[float]:
+    """The app's key throttle on a clock the test moves (its value, in a list)."""
+    now = [0.0]
+    app.state.key_throttle = KeyThrottle(clock=lambda: now[0])
+    return now
+
+
 def test_wrong_keys_are_throttled_per_client_with_retry_after(locked) -> None:
+    frozen_throttle(locked.app)
     statuses = [locked.post("/ui/login", data={"key": f"guess{i}"}).status_code
                 for i in range(20)]
     assert statuses == [401] * 5 + [429] * 15
     r = locked.post("/ui/login", data={"key": "guess"}, follow_redirects=False)
     assert r.status_code == 429 and "too many wrong keys" in r.text
-    assert int(r.headers["retry-after"]) >= 1 and "set-cookie" not in r.headers
+    assert r.headers["retry-after"] == "1" and "set-cookie" not in r.headers
 
 
-def test_the_right_key_logs_in_right_after_a_flood_of_wrong_ones(locked) -> None:
-    # The flood and the user share one address, as every local program does on loopback.
-    for _ in range(50):
-        locked.post("/ui/login", data={"key": "guess"})
-    assert locked.post("/ui/login", data={"key": "guess"}).status_code == 429
+def test_after_a_flood_the_right_key_is_refused_until_the_lockout_ends(locked) -> None:
+    now = frozen_throttle(locked.app)
+    statuses = [locked.post("/ui/login", data={"key": f"guess{i}"}).status_code
+                for i in range(1000)]
+    assert statuses.count(401) == 5 and statuses.count(429) == 995
     r = locked.post("/ui/login", data={"key": KEY}, follow_redirects=False)
-    assert r.status_code == 303 and r.headers["location"] == "/ui"
-    assert locked.cookies.get(COOKIE) and locked.get("/ui/runs").status_code == 200
-    # ...and wrong keys are still refused after it: a login does not reset the count.
-    assert locked.post("/ui/login", data={"key": "guess"}).status_code == 429
+    assert r.status_code == 429 and "set-cookie" not in r.headers  # tells no guesser
+    now[0] += 2  # the lockout of the 5th wrong key is over; a 6th doubles it
+    assert locked.post("/ui/login", data={"key": "guess"}).status_code == 401
+    assert locked.post("/ui/login", data={"key": KEY}).status_code == 429
+    now[0] += 60  # within a minute of the last wrong key, the user is let in
+    r = locked.post("/ui/login", data={"key": KEY}, follow_redirects=False)
+    assert r.status_code == 303 and locked.get("/ui/runs").status_code == 200
 
 
-def test_the_throttle_forgets_failures_older_than_its_window() -> None:
-    now = [0.0]
-    throttle = LoginThrottle(failures=2, window=10, clock=lambda: now[0])
-    throttle.failed("a"), throttle.failed("a")
-    with pytest.raises(TooManyLoginsError) as exc:
-        throttle.check("a")
-    assert exc.value.status == 429 and 1 <= exc.value.retry_after <= 11
-    throttle.check("b")  # another client is not held back
-    now[0] = 10.5
-    throttle.check("a")
+def test_bearer_keys_meet_the_same_throttle(locked) -> None:
+    frozen_throttle(locked.app)
+    wrong = [locked.get("/v1/models", headers={"Authorization": f"Bearer g{i}"}).status_code
+             for i in range(10)]
+    assert wrong == [401] * 5 + [429] * 5
+    right = {"Authorization": f"Bearer {KEY}"}
+    assert locked.get("/v1/models", headers=right).status_code == 429
+    assert locked.get("/ui/runs", headers=right).status_code == 429
+    r = locked.post("/ui/login", data={"key": KEY})
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+
+
+def test_the_lockout_doubles_and_is_at_most_half_a_minute() -> None:
+    now, a = [0.0], ClientId("a")
+    throttle = KeyThrottle(failures=2, window=60, clock=lambda: now[0])
+    throttle.failed(a)
+    throttle.check(a)  # one wrong key: not yet
+    locks = []
+    for _ in range(10):
+        throttle.failed(a)
+        with pytest.raises(TooManyWrongKeysError) as exc:
+            throttle.check(a)
+        locks.append(exc.value.retry_after)
+        now[0] += exc.value.retry_after  # the next guess right when the lockout ends
+    assert locks == [1, 2, 4, 8, 16, 30, 30, 30, 30, 30]
+    throttle.check(ClientId("b"))  # another client is not held back
+    throttle.check(a)
+    now[0] += 61  # quiet for a window: the next wrong key starts the count again
+    throttle.failed(a)
+    throttle.check(a)
 
 
 def test_the_login_form_returns_to_the_page_asked_without_any_key(locked) -> None:
