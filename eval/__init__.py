@@ -4,19 +4,17 @@ Imports engine, verifiers and strategies only.
 
 Example:
     >>> from refinery.eval import EvalConfig, run_eval, write_report
-    >>> summary = await run_eval(EvalConfig(dataset="arith", strategy="cot", limit=20,
-    ...                                     out="runs/cot-arith"))
-    >>> write_report(["runs/cot-arith"], "docs", name="arith")
+    >>> summary = await run_eval(EvalConfig(  # doctest: +SKIP
+    ...     dataset="arith", strategy="cot", limit=20, out="runs/cot-arith"))
+    >>> write_report(["runs/cot-arith"], "docs", name="arith")  # doctest: +SKIP
     >>> # the same run on 4 Ray actors, one engine each
-    >>> await run_eval(EvalConfig(..., ray=RayOptions(address="auto", replicas=4)))
+    >>> await run_eval(EvalConfig(  # doctest: +SKIP
+    ...     ..., ray=RayOptions(address="auto", replicas=4)))
 """
 
+from refinery.eval.arith import load_arith
 from refinery.eval.datasets import (
     DATASETS,
-    DatasetError,
-    Example,
-    dataset_fingerprint,
-    load_arith,
     load_dataset,
     load_gsm8k,
     load_humaneval,
@@ -24,6 +22,7 @@ from refinery.eval.datasets import (
     load_math500,
     parse_fields,
 )
+from refinery.eval.example import DatasetError, Example, dataset_fingerprint
 from refinery.eval.guarded import StrategyCrash
 from refinery.eval.metrics import (
     Accuracy,
@@ -40,14 +39,9 @@ from refinery.eval.metrics import (
 )
 from refinery.eval.ray_pool import RayOptions
 from refinery.eval.report import ReportFiles, RunReport, load_run, pareto_front, write_report
-from refinery.eval.runner import (
-    ConfigMismatchError,
-    EvalConfig,
-    RunAborted,
-    RunSummary,
-    read_results,
-    run_eval,
-)
+from refinery.eval.results_file import read_results
+from refinery.eval.run_dir import ConfigMismatchError
+from refinery.eval.runner import EvalConfig, RunAborted, RunSummary, run_eval
 
 __all__ = [
     "DATASETS",

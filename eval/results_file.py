@@ -12,8 +12,10 @@ not a result (not JSON, not UTF-8, not an object, a field of the wrong type) is 
 refuses the file at the first one.
 
 Example:
-    >>> append_line("runs/sc4/results.jsonl", {"id": "arith-test-0", "passed": True})
-    >>> read_results("runs/sc4/results.jsonl")[-1]["passed"]
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "results.jsonl"
+    >>> append_line(path, {"id": "arith-test-0", "passed": True})
+    >>> read_results(path)[-1]["passed"]
     True
 """
 

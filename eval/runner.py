@@ -15,7 +15,7 @@ Rerunning the same command continues where the last one stopped: a torn last
 line is cut off the file, problems already in ``results.jsonl`` are skipped,
 traces of unfinished problems are dropped (they run again), so every problem
 ends up exactly once. A directory whose recorded configuration differs is
-refused (``force=True`` moves its files aside and starts over).
+refused (``force=True`` moves its files aside and starts over; :mod:`.run_dir`).
 
 A task the engine cannot serve (its backend died or is unreachable) is not
 recorded: the run stops with an error and the next run retries it. Any other
@@ -23,26 +23,20 @@ failure of a strategy is recorded as that problem's ``error`` (a wrong answer).
 
 Example:
     >>> cfg = EvalConfig(dataset="arith", strategy="sc(cot, n=4)", limit=50, out="runs/sc4")
-    >>> summary = await run_eval(cfg)
-    >>> summary.accuracy.value, summary.cost.tokens
+    >>> summary = await run_eval(cfg)  # doctest: +SKIP
+    >>> summary.accuracy.value, summary.cost.tokens  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import shutil
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-import networkx as nx
 from pydantic import BaseModel, Field
 
 from refinery.engine.backends.base import Backend
@@ -53,24 +47,28 @@ from refinery.engine.errors import (
     InvalidRequestError,
     RefineryError,
 )
-from refinery.strategies.spec import non_default, to_mermaid, to_spec
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.run import iter_run
 from refinery.engine.trace import Trace, TraceWriter
 from refinery.engine.types import SamplingParams
-from refinery.eval.datasets import REPO, Example, Split, dataset_fingerprint, load_dataset
+from refinery.eval.datasets import load_dataset
+from refinery.eval.example import Example, Split
 from refinery.eval.guarded import Guarded, build_strategy
 from refinery.eval.metrics import Accuracy, CostSummary, Scorer, accuracy, cost_summary
 from refinery.eval.ray_pool import RayOptions
-from refinery.eval.results_file import (
-    append_line,
-    compact_traces,
-    read_results,
-    rewrite,
-    snapshot,
-    write_json_atomic,
+from refinery.eval.results_file import append_line, read_results
+from refinery.eval.run_dir import (
+    CONFIG,
+    RESULTS,
+    TRACES,
+    ConfigMismatchError,
+    code_version,
+    finished_rows,
+    prepare_run_dir,
+    run_record,
 )
+from refinery.strategies.spec import to_spec
 
 __all__ = [
     "RESULTS",
@@ -86,15 +84,9 @@ __all__ = [
     "run_eval",
 ]
 
-CONFIG, RESULTS, TRACES = "config.json", "results.jsonl", "traces.jsonl"
-FORMAT = "refinery-eval/1"
 # Errors that say "the engine could not serve this task", not "the strategy got it wrong"
 # (EngineStartError is one of them).
 _INFRA_ERRORS: tuple[type[RefineryError], ...] = (BackendUnavailableError,)
-
-
-class ConfigMismatchError(InvalidRequestError):
-    """The output directory holds a run with a different configuration."""
 
 
 class RunAborted(RefineryError):
@@ -175,42 +167,6 @@ class RunSummary(BaseModel):
     seconds: float
 
 
-def code_version() -> dict[str, Any]:
-    """Git commit (and whether the tree is dirty) of the code, plus the package version."""
-    out: dict[str, Any] = {"git_commit": None, "git_dirty": None, "package_version": None,
-                           "python": sys.version.split()[0]}
-    try:
-        from importlib.metadata import version
-        out["package_version"] = version("refinery")
-    except Exception:  # not installed (running from a checkout)
-        pass
-    try:
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
-                                capture_output=True, text=True, timeout=5)
-        if commit.returncode == 0:
-            out["git_commit"] = commit.stdout.strip()
-            st = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"],
-                                capture_output=True, text=True, timeout=10)
-            out["git_dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return out
-
-
-def graph_json(g: nx.DiGraph) -> dict[str, Any]:
-    """A validated strategy graph as plain JSON (nodes with params and worst-case calls)."""
-    nodes = []
-    for nid, data in g.nodes(data=True):
-        params = data.get("params")
-        nodes.append({"id": nid, "name": data["name"],
-                      "params": params.model_dump(mode="json") if params is not None else {},
-                      "non_default": (non_default(params) if params is not None else {}),
-                      "worst_case_calls": data.get("calls")})
-    edges = [{"parent": a, "child": b, "order": d.get("order", 0)}
-             for a, b, d in g.edges(data=True)]
-    return {"root": g.graph.get("root"), "nodes": nodes, "edges": edges}
-
-
 # ------------------------------------------------------------------------------ helpers
 
 
@@ -218,57 +174,6 @@ def backend_spec(config: EvalConfig) -> BackendSpec:
     """The backend a config names: in-process vLLM, or an OpenAI-compatible server."""
     return BackendSpec(config.model, BackendKind(config.backend), tuple(config.base_url),
                        max_concurrency=config.concurrency, dtype=config.dtype)
-
-
-def _prepare_dir(out: Path, record: dict[str, Any], force: bool) -> None:
-    """Create the run dir or check it holds the same run; with ``force`` move an old run aside."""
-    out.mkdir(parents=True, exist_ok=True)
-    cfg_path = out / CONFIG
-    if cfg_path.exists():
-        old_id, new_id = _recorded_identity(cfg_path), record["identity"]
-        if old_id == new_id:
-            return
-        diffs = [f"{k}: recorded {old_id.get(k)!r}, now {new_id.get(k)!r}"
-                 for k in sorted(set(old_id) | set(new_id)) if old_id.get(k) != new_id.get(k)]
-        if not force:
-            raise ConfigMismatchError(
-                f"{out} holds a run with a different configuration ("
-                + "; ".join(diffs) + "). Use a new --out directory, or --force to move "
-                "the old run aside and start over.")
-        aside = out / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
-        aside.mkdir()
-        for name in (CONFIG, RESULTS, TRACES):
-            if (out / name).exists():
-                shutil.move(str(out / name), str(aside / name))
-    elif (out / RESULTS).exists() and not force:
-        raise ConfigMismatchError(f"{out} has {RESULTS} but no {CONFIG}; use --force or a "
-                                  "new --out directory")
-    elif (out / RESULTS).exists():
-        aside = out / f"replaced-{time.strftime('%Y%m%d-%H%M%S')}"
-        aside.mkdir()
-        for name in (RESULTS, TRACES):
-            if (out / name).exists():
-                shutil.move(str(out / name), str(aside / name))
-    write_json_atomic(cfg_path, record)
-
-
-def _recorded_identity(cfg_path: Path) -> dict[str, Any]:
-    """The ``identity`` an existing ``config.json`` records.
-
-    Raises:
-        ConfigMismatchError: the file is unreadable, not a JSON object, or not a regular
-            file (a FIFO reads as empty: it never blocks the run).
-    """
-    try:
-        old = json.loads(snapshot(cfg_path))
-    except (OSError, ValueError) as exc:
-        raise ConfigMismatchError(f"{cfg_path} is unreadable ({exc}); use --force or "
-                                  "a new --out directory") from exc
-    identity = old.get("identity", {}) if isinstance(old, dict) else None
-    if not isinstance(identity, dict):
-        raise ConfigMismatchError(f"{cfg_path} records no run identity; use --force or "
-                                  "a new --out directory")
-    return identity
 
 
 def _result_row(ex: Example, index: int, trace: Trace, score: Any, *, spec: str, model: str,
@@ -366,8 +271,8 @@ async def run_eval(config: EvalConfig, *, backend: Backend | None = None,
     canonical = to_spec(graph)
     examples = _examples(config, examples)
     out = Path(config.out)
-    _prepare_dir(out, _record(config, canonical, graph, examples), force)
-    current = _finished(out, examples, retry_errors)
+    prepare_run_dir(out, run_record(config, canonical, graph, examples), force)
+    current = finished_rows(out, examples, retry_errors)
     done = {r["id"] for r in current}
     todo = [e for e in examples if e.id not in done]
     if todo:
@@ -395,52 +300,6 @@ def _examples(config: EvalConfig, given: Sequence[Example] | None) -> list[Examp
     if len(set(ids)) != len(ids):
         raise InvalidRequestError("the dataset has duplicate problem ids")
     return examples
-
-
-def _record(config: EvalConfig, canonical: str, graph: nx.DiGraph,
-            examples: list[Example]) -> dict[str, Any]:
-    """``config.json``: the identity a resume must match, and the rest for the record."""
-    fingerprint = dataset_fingerprint(examples)
-    return {
-        "format": FORMAT,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "identity": config.identity(canonical, fingerprint, len(examples)),
-        "dataset": {"name": config.dataset, "split": config.split, "limit": config.limit,
-                    "skip": config.skip,
-                    "data_path": config.data_path, "fields": config.fields,
-                    "verifier": config.verifier, "seed": config.seed, "levels": config.levels,
-                    "n_problems": len(examples), "fingerprint": fingerprint,
-                    "has_levels": any(e.level is not None for e in examples)},
-        "strategy": {"spec": config.strategy, "canonical": canonical,
-                     "worst_case_calls": graph.graph.get("worst_case_calls"),
-                     "graph": graph_json(graph), "mermaid": to_mermaid(graph)},
-        "model": config.model,
-        "backend": {"kind": config.backend, "base_url": config.base_url},
-        "ray": config.ray.recorded() if config.ray else None,
-        "sampling": config.sampling().model_dump(),
-        "budget": config.budget().model_dump(),
-        "concurrency": config.concurrency,
-        "code": code_version(),
-    }
-
-
-def _finished(out: Path, examples: list[Example], retry_errors: bool) -> list[dict[str, Any]]:
-    """The rows already in ``out``: the first per problem of this run (a torn last line
-    repaired; with ``retry_errors`` the failed ones dropped), traces compacted to them."""
-    results_path = out / RESULTS
-    rows = read_results(results_path, repair=True)
-    if retry_errors and any(r.get("error") for r in rows):
-        rows = [r for r in rows if not r.get("error")]
-        rewrite(results_path, [(json.dumps(r, ensure_ascii=False) + "\n").encode()
-                                for r in rows])
-    ids = {e.id for e in examples}
-    current, seen = [], set()
-    for r in rows:  # first line per problem (there is one, unless edited by hand)
-        if r.get("id") in ids and r["id"] not in seen:
-            seen.add(r["id"])
-            current.append(r)
-    compact_traces(out / TRACES, seen)
-    return current
 
 
 class _Session:
