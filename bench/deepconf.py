@@ -309,19 +309,19 @@ def grid(pools: dict[str, list[list[PoolTrace]]], n: int) -> None:
 
 async def logprob_cost(backend, requests: int, max_tokens: int, k: int, rounds: int) -> None:
     from refinery.engine.loops import CusumLoopDetector
-    from refinery.engine.stops import AnyRule, LoopRule
+    from refinery.engine.stops import AnyRule
 
     rows = load("gsm8k", requests)
     msgs = [[Message(role="user", content=ex.prompt)] for ex in rows]
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
     modes = {"plain": None, "loop": CusumLoopDetector(),
-             "top-k": AnyRule((LoopRule(CusumLoopDetector()), ConfidenceRule(top_k=k)))}
+             "top-k": AnyRule((CusumLoopDetector(), ConfidenceRule(top_k=k)))}
     best: dict[str, float] = {}
     tokens: dict[str, int] = {}
     for _ in range(rounds):
-        for mode, monitor in modes.items():
+        for mode, stop_rule in modes.items():
             t0 = time.perf_counter()
-            res = await asyncio.gather(*(backend.generate(m, params, monitor=monitor)
+            res = await asyncio.gather(*(backend.generate(m, params, stop_rule=stop_rule)
                                          for m in msgs))
             took = time.perf_counter() - t0
             best[mode] = min(best.get(mode, took), took)

@@ -44,7 +44,7 @@ async def main(a: argparse.Namespace) -> None:
         for mode in ("off", "on"):
             det = CusumLoopDetector() if mode == "on" else None
             t0 = time.perf_counter()
-            res = await asyncio.gather(*(be.generate(m, params, monitor=det) for m in msgs))
+            res = await asyncio.gather(*(be.generate(m, params, stop_rule=det) for m in msgs))
             times[mode].append(time.perf_counter() - t0)
             tokens[mode] = sum(r[0].completion_tokens for r in res)
             if mode == "on":

@@ -71,11 +71,10 @@ def load(split: str, data: Path = DATA) -> list[dict]:
 
 def stream(det: CusumLoopDetector, pieces: list[str]) -> tuple[LoopAlarm | None, int]:
     """Feed ``pieces`` one by one; return the alarm and how many pieces were fed."""
-    mon = det.new()
+    mon = det.start()
     for i, p in enumerate(pieces, 1):
-        alarm = mon.feed(p)
-        if alarm is not None:
-            return alarm, i
+        if mon.feed(p) is not None:
+            return mon.alarm, i
     return None, len(pieces)
 
 
@@ -174,10 +173,10 @@ def feed_cost(det: CusumLoopDetector, rows: list[dict]) -> float:
     n = sum(len(r["pieces"]) for r in rows)
     t0 = time.perf_counter()
     for r in rows:
-        mon = det.new()
+        mon = det.start()
         for p in r["pieces"]:
             if mon.feed(p) is not None:
-                mon = det.new()  # keep monitoring: cost per token of a live monitor
+                mon = det.start()  # keep monitoring: cost per token of a live monitor
     return (time.perf_counter() - t0) / n * 1e6
 
 
@@ -186,7 +185,7 @@ def feed_cost(det: CusumLoopDetector, rows: list[dict]) -> float:
 
 def peak_trace(det: CusumLoopDetector, pieces: list[str]) -> list[float]:
     """``S``'s running maximum after each token (``det.h`` must be out of reach)."""
-    mon, out = det.new(), []
+    mon, out = det.start(), []
     for p in pieces:
         mon.feed(p)
         out.append(mon.peak)
@@ -215,7 +214,7 @@ def calibrate(rows: list[dict], gold: list[str], min_precision: float = 0.95,
         if (ngram, share) not in mus:
             units = rep = 0
             for r in clean:
-                mon = CusumLoopDetector(ngram=ngram, h=1e9, word_share=share).new()
+                mon = CusumLoopDetector(ngram=ngram, h=1e9, word_share=share).start()
                 mon.feed(r["text"] + "\n\n")
                 units, rep = units + mon.n_units, rep + mon.n_repeated
             mus[ngram, share] = round(rep / units, 3)
@@ -224,7 +223,7 @@ def calibrate(rows: list[dict], gold: list[str], min_precision: float = 0.95,
         det = CusumLoopDetector(ngram=ngram, mu=mu, k=k, h=1e9, word_share=share)
         gold_peak = 0.0
         for t in gold:
-            mon = det.new()
+            mon = det.start()
             mon.feed(t + "\n\n")
             gold_peak = max(gold_peak, mon.peak)
         traces = [peak_trace(det, r["pieces"]) for r in rows]
@@ -270,9 +269,9 @@ async def e2e(held: list[dict], questions: list[str], max_tokens: int) -> None:
     tok = backend.tokenizer
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens)
 
-    async def one(r: dict, monitor: CusumLoopDetector | None):
+    async def one(r: dict, stop_rule: CusumLoopDetector | None):
         msgs = [Message(role="user", content=PROMPT.format(question=questions[r["prompt_id"]]))]
-        [c] = await backend.generate(msgs, params, n=1, monitor=monitor)
+        [c] = await backend.generate(msgs, params, n=1, stop_rule=stop_rule)
         return c
 
     try:

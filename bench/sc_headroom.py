@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import vs_optillm as vo  # noqa: E402  (sets the vLLM environment of the other benches)
 
 from refinery.engine.loops import CusumLoopDetector  # noqa: E402
-from refinery.engine.stops import WatchedSample, as_rule  # noqa: E402
+from refinery.engine.stops import WatchedSample  # noqa: E402
 from refinery.verifiers.math import extract_answer, normalize_answer  # noqa: E402
 
 Sample = tuple[str, int]  # text, tokens generated
@@ -57,7 +57,7 @@ async def sample_all(ask: vo.Ask, questions: list[str], max_tokens: int) -> list
 
 def tokens_after_cut(text: str, tokens: int, tokenizer) -> int | None:
     """Tokens generated after the loop detector's cut of ``text`` (None: no stop)."""
-    watch = WatchedSample(as_rule(CusumLoopDetector()))
+    watch = WatchedSample(CusumLoopDetector())
     watch.add(text)
     if watch.stop is None:
         return None

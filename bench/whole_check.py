@@ -5,7 +5,8 @@ to run every watched sample as its own streamed request (behind a vLLM server,
 one SSE chunk a token). Since the CUSUM detector stops a whole text where it
 stops the same text streamed, a call whose ``max_tokens`` is at most
 ``whole_check_max_tokens`` is now one n-sample request whose samples are checked
-when they end (``engine/stops.py``: ``check_whole``). This bench measures what
+when they end (``engine/backends/fan_out.py``: ``may_check_after_end``, which
+says why). This bench measures what
 that buys and what it costs, ``--backend openai``: one vLLM OpenAI server
 (refinery's engine settings and dtype, ``bench/vs_optillm.py``) and
 ``OpenAIBackend`` in this process; ``--backend vllm``: ``VLLMBackend`` in this
@@ -68,8 +69,8 @@ async def one_pass(side: str, max_tokens: int, examples, engine: VLLMBackend | N
                    a: argparse.Namespace) -> Pass:
     """One timed pass of every question, on ``engine`` or else on the vLLM server;
     the engine's prefix cache emptied first."""
-    from refinery.strategies.spec import build_strategy
     from refinery.strategies.registry import REGISTRY
+    from refinery.strategies.spec import build_strategy
     from refinery.verifiers.math import extract_answer, is_equivalent
 
     limit = None if side == "streamed" else max_tokens

@@ -22,6 +22,7 @@ one's is not, except for a trace that ended before its first full window
 (the strategy filters those by the same number).
 
 Example:
+    >>> from refinery.engine.types import TopLogprob
     >>> rule = ConfidenceRule(top_k=2, window=2, threshold=1.0)
     >>> mon = rule.start()
     >>> sure = TokenLogprob(token="a", logprob=0.0, top_logprobs=[
@@ -37,6 +38,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -103,8 +105,9 @@ class ConfidenceRule(BaseModel):
             measures only.
 
     Example:
-        >>> gen = await ctx.generate(msgs, stop_rule=ConfidenceRule(window=32, threshold=9.5))
-        >>> gen[0].finish_reason, gen[0].measures["confidence"]
+        >>> rule = ConfidenceRule(window=32, threshold=9.5)
+        >>> gen = await ctx.generate(msgs, stop_rule=rule)  # doctest: +SKIP
+        >>> gen[0].finish_reason, gen[0].measures["confidence"]  # doctest: +SKIP
         ('confidence', 9.21)
     """
 
@@ -114,6 +117,8 @@ class ConfidenceRule(BaseModel):
     window: int = Field(2048, ge=1)
     tail: int = Field(2048, ge=1)
     threshold: float | None = None
+    # It reads the tokens' logprobs as they come, which a finished text has not.
+    stops_whole_as_streamed: ClassVar[bool] = False
 
     @property
     def top_logprobs(self) -> int:

@@ -30,10 +30,10 @@ so a rerun with the same seed makes the same calls with the same seeds; among
 concurrent calls with identical prompts only the order can differ.
 
 Example:
-    >>> ctx = Context(backend, budget=Budget(max_calls=8))
-    >>> gen = await ctx.generate([Message(role="user", content="2+2?")],
+    >>> ctx = Context(backend, budget=Budget(max_calls=8))  # doctest: +SKIP
+    >>> gen = await ctx.generate([Message(role="user", content="2+2?")],  # doctest: +SKIP
     ...                          step="draft", strategy="cot")
-    >>> gen[0].text, gen.event_id
+    >>> gen[0].text, gen.event_id  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -49,8 +49,7 @@ from pydantic import BaseModel, Field
 
 from refinery.engine.backends.base import Backend
 from refinery.engine.errors import BudgetExhausted
-from refinery.engine.loops import LoopDetector
-from refinery.engine.stops import StopRule, Watcher, combine
+from refinery.engine.stops import AnyRule, StopRule
 from refinery.engine.trace import StepKind, Trace, TraceEvent
 from refinery.engine.types import Completion, Delta, Message, SamplingParams, Task, Usage
 
@@ -83,7 +82,7 @@ class Context:
     def __init__(self, backend: Backend, *, task: Task | None = None,
                  budget: Budget | None = None, trace: Trace | None = None,
                  params: SamplingParams | None = None,
-                 loop_detector: LoopDetector | None = None,
+                 loop_detector: StopRule | None = None,
                  loop_policy: LoopPolicy = "retry",
                  verifier: Any = None, listener: EventListener | None = None,
                  final_sink: DeltaSink | None = None, stop_rule: StopRule | None = None):
@@ -242,7 +241,7 @@ class Context:
                 comps = [await self._timed(self._stream_final(messages, params, rule, cont))]
             else:
                 comps = await self._timed(self.backend.generate(
-                    messages, params, n=n, monitor=self._monitor(params, rule), **cont))
+                    messages, params, n=n, stop_rule=self._call_rule(params, rule), **cont))
         finally:
             # Also on an error or a cancellation (the deadline, a client gone):
             # a reservation left behind would shrink the budget for good.
@@ -265,8 +264,8 @@ class Context:
                             rule: StopRule | None, cont: dict) -> Completion:
         assert self.final_sink is not None
         last = None
-        stream = self.backend.stream(messages, params, monitor=self._monitor(params, rule),
-                                     **cont)
+        stream = self.backend.stream(messages, params,
+                                     stop_rule=self._call_rule(params, rule), **cont)
         try:
             async for delta in stream:
                 if delta.text or delta.logprobs:
@@ -301,7 +300,7 @@ class Context:
             out = None
             try:
                 out = await self._timed(self.backend.generate(
-                    turn, p, n=1, monitor=self._monitor(p, rule)))
+                    turn, p, n=1, stop_rule=self._call_rule(p, rule)))
             finally:
                 used = used + self._settle(hold, out)
             return out[0]
@@ -314,10 +313,10 @@ class Context:
             completions=retried, usage=used, data={"nudge": LOOP_NUDGE}))
         return out
 
-    def _monitor(self, params: SamplingParams,
-                 rule: StopRule | None = None) -> Watcher | None:
-        """The monitors of a call: the loop detector (none on a constrained call) and
-        ``rule``, as one (the detector alone is passed as it is).
+    def _call_rule(self, params: SamplingParams,
+                   rule: StopRule | None = None) -> StopRule | None:
+        """The stop rule of a call: the loop detector (none on a constrained call) and
+        ``rule``, as one (``AnyRule.of``: a lone rule is passed as it is).
 
         Constrained output repeats its structure by design (the same keys in
         every list item, one line per candidate), which the CUSUM detector reads
@@ -326,7 +325,7 @@ class Context:
         cap such a sample's length instead. A strategy's own rule applies anyway.
         """
         loops = None if params.constraint is not None else self.loop_detector
-        return combine(loops, rule)
+        return AnyRule.of(loops, rule)
 
     def _seeded(self, params: SamplingParams, messages: Sequence[Message], strategy: str,
                 step: str) -> SamplingParams:

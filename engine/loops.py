@@ -1,11 +1,10 @@
-"""Loop detection: a streaming monitor that flags circular reasoning.
+"""Loop detection: a stop rule that flags circular reasoning as a sample streams.
 
-Contract: ``LoopDetector`` is configuration; ``detector.new()`` returns a fresh
-``Monitor`` for one sample; ``monitor.feed(text_delta)`` returns a ``LoopAlarm``
-once the sample is judged to loop, else ``None``. On an alarm the caller stops
-the generation and keeps ``text[:alarm.onset]``. The backends run a detector as
-one of their stop rules (``LoopRule`` in ``engine/stops.py``, finish reason
-``loop``).
+``CusumLoopDetector`` is a ``StopRule`` (``engine/stops.py``): ``start()`` returns
+a fresh ``CusumMonitor`` for one sample, whose ``feed(text_delta)`` returns
+``Stop("loop", keep=onset)`` once the sample is judged to loop, else None; the
+caller then stops the generation and keeps ``text[:onset]``. The monitor's
+``alarm`` says where the loop began and where it was caught (for the benches).
 
 The detector, ``CusumLoopDetector`` (our design, a standard one-sided CUSUM after
 the Circular Reasoning / LoopBench paper, whose code is not public):
@@ -49,10 +48,14 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from refinery.engine.stops import Stop
+from refinery.engine.types import TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -65,29 +68,6 @@ class LoopAlarm:
 
     onset: int
     position: int
-
-
-def cut_at(text: str, piece: str, keep: int) -> tuple[int, str]:
-    """Where a stream is cut to keep ``keep`` chars, on the arrival of ``piece``.
-
-    ``text`` is what came before ``piece``. Returns the cut clamped to the text
-    seen so far, and the part of ``piece`` before it (still to be sent).
-    """
-    onset = max(0, min(keep, len(text) + len(piece)))
-    return onset, piece[:max(0, onset - len(text))]
-
-
-def cut_at_onset(text: str, piece: str, alarm: LoopAlarm) -> tuple[int, str]:
-    """Where a backend cuts a sample whose monitor alarmed on ``piece`` (``cut_at``)."""
-    return cut_at(text, piece, alarm.onset)
-
-
-class Monitor(Protocol):
-    def feed(self, text: str) -> LoopAlarm | None: ...
-
-
-class LoopDetector(Protocol):
-    def new(self) -> Monitor: ...
 
 
 # A unit is a group of at most 3 digits, a run of at most 24 letters, or any other
@@ -106,8 +86,8 @@ class CusumLoopDetector(BaseModel):
     """CUSUM loop detector: configuration plus a factory of per-sample monitors.
 
     Defaults were calibrated on ``data/loops/calibration.jsonl`` (real SmolLM2-135M
-    generations on GSM8K) by ``python bench/loops.py --calibrate``: see the comment
-    on the fields. Another model needs its own ``mu`` and, likely, ``h``.
+    generations on GSM8K) by ``python bench/loops.py --calibrate``; how, in
+    docs/benchmarks.md. Another model needs its own ``mu`` and, likely, ``h``.
 
     Args:
         ngram: n, units per n-gram; an n-gram seen before marks its last unit repeated.
@@ -121,49 +101,30 @@ class CusumLoopDetector(BaseModel):
 
     Example:
         >>> det = CusumLoopDetector()
-        >>> mon = det.new()
+        >>> mon = det.start()
         >>> text = "First add 3 and 4 to get 7. " + "Then we add 3 and 4 again to check. " * 12
-        >>> alarm = mon.feed(text)
-        >>> text[: alarm.onset].count("Then we")  # the cut keeps the first copy only
-        1
+        >>> stop = mon.feed(text)
+        >>> stop.reason, text[: stop.keep].count("Then we")  # the cut keeps the first copy only
+        ('loop', 1)
     """
 
     model_config = ConfigDict(frozen=True)
 
-    # Calibrated by ``python bench/loops.py --calibrate`` on the calibration half of
-    # the labelled set (600 SmolLM2-135M generations on GSM8K, 67 looping):
-    # - mu is measured, not searched: with 28-unit n-grams 1.0% of the units of
-    #   clean generations are repeated. One sample's first steps are far too few to
-    #   estimate so small a rate, so mu is per model and there is no warm-up.
-    # - ngram, k, h: grid ngram 8..32 x drift mu + k 0.2..0.8 x integer h, keeping
-    #   settings with no alarm on any of the 2 x 1,319 GSM8K gold solutions and
-    #   precision >= 0.95 at h - 2, ranked by recall then tokens saved at h + 2 (so
-    #   the choice sits inside a plateau, not on its edge). Long n-grams win: a loop
-    #   of this model re-emits whole sentences, while its finished answers reuse
-    #   phrases of a few words all the time (a 8-gram signal had mu = 0.10 and
-    #   recall 0.75 at best). The drift of 0.4 lets a loop through small edits
-    #   (each unit that breaks the repeat costs 0.4 / 0.6 repeated units); h = 17 is
-    #   ~28 + 17 / 0.6 = 56 units of repeated text, about the 64 tokens the label
-    #   asks for. The highest S on a gold solution is 15.
-    # - window is not calibrated: 1024 units hold a whole 512-token answer. In longer
-    #   generations a loop must come back within ~1000 units to count.
-    # - Checked at a 1024-token cap: the same search on both halves of
-    #   data/loops-1024 (1,200 generations, 137 looping), ngram 20-32 and word_share
-    #   0.34 / 0.4 / 0.5 in the grid, picks the same setting (mu 0.009 + k 0.391: the
-    #   same drift). Frozen then, it was run once on data/loops-test (900 fresh
-    #   generations on GSM8K *train* prompts, never used to choose anything):
-    #   precision 0.980, recall 0.914, 65.6% of looping tokens saved.
+    # Calibrated by ``python bench/loops.py --calibrate``: how each default was
+    # chosen, and the figures, are in docs/benchmarks.md (``bench/loops.py``).
     ngram: int = Field(28, ge=2)
     window: int = Field(1024, ge=8)
     mu: float = Field(0.01, ge=0.0, le=1.0)
     k: float = Field(0.39, ge=0.0)
     h: float = Field(17.0, gt=0.0)
     warmup: int = Field(0, ge=0)
-    # Lower shares catch loops that count in formulas ("Mia's age is 80 + 40 = 120
-    # years old.") but alarm on a gold solution and cost precision at the 1024 cap.
     word_share: float = Field(0.5, ge=0.0, le=1.0)
 
-    def new(self) -> CusumMonitor:
+    top_logprobs: ClassVar[int] = 0  # reads the text only
+    # Units, steps and hence the alarm do not depend on how the text is chunked.
+    stops_whole_as_streamed: ClassVar[bool] = True
+
+    def start(self) -> CusumMonitor:
         """A fresh monitor for one sample."""
         return CusumMonitor(self)
 
@@ -171,10 +132,10 @@ class CusumLoopDetector(BaseModel):
 class CusumMonitor:
     """Streaming state for one sample; see ``CusumLoopDetector``.
 
-    After an alarm every further ``feed`` returns the same alarm.
+    After an alarm every further ``feed`` returns the same stop.
 
     Example:
-        >>> mon = CusumLoopDetector().new()
+        >>> mon = CusumLoopDetector().start()
         >>> [mon.feed(piece) for piece in ["Two ", "plus ", "two ", "is four."]]
         [None, None, None, None]
 
@@ -215,10 +176,16 @@ class CusumMonitor:
         self.n_units = 0
         self.n_repeated = 0
 
-    def feed(self, text: str) -> LoopAlarm | None:
-        """Consume the next piece of the stream; return an alarm once it loops."""
-        if self.alarm is not None:
-            return self.alarm
+    def feed(self, text: str, tokens: Sequence[TokenLogprob] | None = None) -> Stop | None:
+        """Consume the next piece of the stream; return a stop once it loops."""
+        if self.alarm is None:
+            self._scan(text)
+        return None if self.alarm is None else Stop("loop", keep=self.alarm.onset)
+
+    def measures(self) -> None:
+        return None
+
+    def _scan(self, text: str) -> None:
         # _buf starts right after the last processed unit: the gap before the next
         # unit (whitespace, newlines) tells whether that unit starts a new step.
         buf = self._buf + text
@@ -231,7 +198,7 @@ class CusumMonitor:
             step = "\n" in gap or (bool(gap) and self._prev in _TERMINATORS)
             last = m.end()
             if self._unit(m.group(), self._base + m.start(), step):
-                return self.alarm
+                return
         # Keep only the unprocessed tail: a gap and at most one unit. A long run of
         # whitespace is squeezed to one char (a newline if it had one), so the tail,
         # and the rescan of it on the next feed, stays short whatever the model emits.
@@ -243,7 +210,6 @@ class CusumMonitor:
             tail = squeezed + tail[ws:]
         self._buf = tail
         self._base += last
-        return None
 
     def _unit(self, u: str, start: int, step: bool) -> bool:
         n = self._n

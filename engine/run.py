@@ -12,8 +12,8 @@ solution into the required shape (``conform``). The attempt's text is that
 call's output; the strategy's text is kept in ``metadata["reasoning"]``.
 
 Example:
-    >>> results = await run(strategy, tasks, backend, concurrency=64)
-    >>> results[0].attempt.answer
+    >>> results = await run(strategy, tasks, backend, concurrency=64)  # doctest: +SKIP
+    >>> results[0].attempt.answer  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from refinery.engine.backends.base import Backend
 from refinery.engine.constraints import Constraint
 from refinery.engine.context import Budget, Context, DeltaSink, LoopPolicy
 from refinery.engine.errors import BudgetExhausted, RefineryError
-from refinery.engine.loops import LoopDetector
+from refinery.engine.stops import StopRule
 from refinery.engine.trace import Trace, TraceEvent, TraceWriter
 from refinery.engine.types import Attempt, Completion, Message, SamplingParams, Task, Usage
 
@@ -51,7 +51,7 @@ ChoiceSink = Callable[[int], DeltaSink]
 
 async def solve_one(strategy: Solver, task: Task, backend: Backend, *,
                     budget: Budget | None = None, params: SamplingParams | None = None,
-                    loop_detector: LoopDetector | None = None, loop_policy: LoopPolicy = "retry",
+                    loop_detector: StopRule | None = None, loop_policy: LoopPolicy = "retry",
                     verifier: Any = None, listener: Any = None, final_sink: Any = None,
                     spec: str = "", gold: str | None = None,
                     final_constraint: Constraint | None = None) -> Trace:
@@ -73,7 +73,7 @@ async def solve_one(strategy: Solver, task: Task, backend: Backend, *,
 
 async def solve_choices(strategy: Solver, task: Task, backend: Backend, *, n: int = 1,
                         budget: Budget | None = None, params: SamplingParams | None = None,
-                        loop_detector: LoopDetector | None = None,
+                        loop_detector: StopRule | None = None,
                         loop_policy: LoopPolicy = "retry", verifier: Any = None,
                         listener: ChoiceListener | None = None,
                         final_sink: ChoiceSink | None = None, spec: str = "",
@@ -93,7 +93,8 @@ async def solve_choices(strategy: Solver, task: Task, backend: Backend, *, n: in
     ask for logprobs. ``params.constraint``, by contrast, applies to every call.
 
     Example:
-        >>> a, b = await solve_choices(CoT(), task, backend, n=2, budget=Budget(max_calls=4))
+        >>> budget = Budget(max_calls=4)
+        >>> a, b = await solve_choices(CoT(), task, backend, n=2, budget=budget)  # doctest: +SKIP
     """
     params, final_params = split_params(params or SamplingParams(), final_constraint)
     root = Context(backend, task=task, budget=budget, params=params, verifier=verifier,
@@ -222,8 +223,8 @@ def reasoning_tokens(traces: Sequence[Trace], usage: Usage) -> int:
     reasoning. Always between 0 and ``usage.completion_tokens``.
 
     Example:
-        >>> traces = await solve_choices(build("sc(cot, n=4)"), task, backend)
-        >>> reasoning_tokens(traces, traces[0].usage)  # the three samples not returned
+        >>> traces = await solve_choices(build("sc(cot, n=4)"), task, backend)  # doctest: +SKIP
+        >>> reasoning_tokens(traces, traces[0].usage)  # doctest: +SKIP
         96
     """
     answers = sum(comp.completion_tokens for trace in traces

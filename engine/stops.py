@@ -1,35 +1,41 @@
-"""Stop rules: monitors that watch a sample while it streams and may end it early.
+"""Stop rules: what watches a sample while it is generated and may end it early.
 
-Contract used by the backends: a ``StopRule`` is configuration; ``rule.start()``
-returns a fresh ``StopMonitor`` for one sample; ``monitor.feed(text, tokens)``
-gets each streamed piece of the sample's text with its tokens' logprobs and
-returns a ``Stop`` once the sample should end, else None;
-``monitor.measures()`` is what it measured, kept on the ``Completion``.
+The one stop protocol, used by every layer (backends, ``Context``, strategies,
+the server): a ``StopRule`` is configuration; ``rule.start()`` returns a fresh
+``StopMonitor`` for one sample; ``monitor.feed(text, tokens)`` gets each piece
+of the sample's text with its tokens' logprobs and returns a ``Stop`` once the
+sample should end, else None; ``monitor.measures()`` is what it measured, kept
+on the ``Completion``.
 
 A rule with ``top_logprobs = k > 0`` needs each token's top-k alternatives: the
 backend then asks the engine for ``logprobs`` with ``top_logprobs >= k`` (and
 hands the caller only what the caller asked for). With ``k = 0`` the monitor
-gets ``tokens=None`` unless the caller asked for logprobs anyway.
+gets ``tokens=None`` unless the caller asked for logprobs anyway. A rule with
+``stops_whole_as_streamed`` stops a finished sample's whole text, fed at once,
+where it stops the same text streamed (``fan_out.may_check_after_end`` says
+what a backend makes of that).
 
 Implementations:
 
-- ``LoopRule`` wraps a loop detector (``engine/loops.py``, the CUSUM one):
-  finish reason ``loop``, text cut at the loop's onset. Backends and ``Context``
-  also take a bare loop detector; ``as_rule`` wraps it.
+- ``CusumLoopDetector`` (``engine/loops.py``): finish reason ``loop``, text cut
+  at the loop's onset; it stops a whole text as it stops a stream.
 - ``ConfidenceRule`` (``engine/confidence.py``): DeepConf's group confidence
   below a threshold; finish reason ``confidence``, text kept whole.
 - ``AnyRule``: several rules on one sample, the first to stop it wins.
 - ``AbortSwitch``: stops every sample it watches once its owner decided
   (``asc``); finish reason ``abort``.
 
-``WatchedSample`` is the one driver both backends use, so a rule behaves the
-same in-process (AsyncLLM: closing the stream aborts the request) and on an
-OpenAI-compatible upstream (closing the HTTP stream aborts it).
+``WatchedStream`` is the one loop every backend streams a sample through, so a
+rule behaves the same in-process (AsyncLLM: closing the stream aborts the
+request) and on an OpenAI-compatible upstream (closing the HTTP stream aborts it).
 
 Example:
-    >>> watch = WatchedSample(as_rule(CusumLoopDetector()))
-    >>> kept = watch.add(piece, tokens)
-    >>> watch.stop  # None while the sample goes on, else Stop(reason="loop", keep=...)
+    >>> from refinery.engine.loops import CusumLoopDetector
+    >>> watch = WatchedSample(CusumLoopDetector())
+    >>> watch.add("Two plus two is four.")
+    'Two plus two is four.'
+    >>> watch.stop is None  # else Stop(reason="loop", keep=...) once it loops
+    True
 """
 
 from __future__ import annotations
@@ -37,9 +43,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol
 
-from refinery.engine.loops import CusumLoopDetector, LoopDetector, Monitor, cut_at
 from refinery.engine.types import Delta, FinishReason, SamplingParams, TokenLogprob
 
 
@@ -53,51 +58,22 @@ class Stop:
 
 
 class StopMonitor(Protocol):
-    """The streaming state of one rule on one sample."""
+    """The state of one rule on one sample."""
 
     def feed(self, text: str, tokens: Sequence[TokenLogprob] | None) -> Stop | None: ...
 
     def measures(self) -> dict[str, float | int] | None: ...
 
 
-@runtime_checkable
 class StopRule(Protocol):
     """Configuration and a factory of per-sample monitors."""
 
     top_logprobs: int  # top-k alternatives per token the monitors need (0: none)
+    # Whether the whole text of a finished sample, fed at once, is stopped where the
+    # same text streamed piece by piece is (same finish reason, same cut).
+    stops_whole_as_streamed: bool
 
     def start(self) -> StopMonitor: ...
-
-
-class _LoopMonitor:
-    __slots__ = ("monitor",)
-
-    def __init__(self, monitor: Monitor) -> None:
-        self.monitor = monitor
-
-    def feed(self, text: str, tokens: Sequence[TokenLogprob] | None) -> Stop | None:
-        alarm = self.monitor.feed(text) if text else None
-        return None if alarm is None else Stop("loop", keep=alarm.onset)
-
-    def measures(self) -> None:
-        return None
-
-
-@dataclass(frozen=True)
-class LoopRule:
-    """A loop detector as a stop rule: reason ``loop``, cut at the loop's onset.
-
-    Example:
-        >>> mon = LoopRule(CusumLoopDetector()).start()
-        >>> mon.feed("Two plus two is four.", None) is None
-        True
-    """
-
-    detector: LoopDetector
-    top_logprobs: ClassVar[int] = 0
-
-    def start(self) -> StopMonitor:
-        return _LoopMonitor(self.detector.new())
 
 
 class _AnyMonitor:
@@ -119,16 +95,33 @@ class _AnyMonitor:
 class AnyRule:
     """Several rules on one sample; the first (in order) to stop it wins.
 
+    ``AnyRule.of`` is how callers join the rules of one call (some may be None).
+
     Example:
-        >>> AnyRule((LoopRule(CusumLoopDetector()), ConfidenceRule(threshold=9.0))).top_logprobs
-        20
+        >>> from refinery.engine.confidence import ConfidenceRule
+        >>> from refinery.engine.loops import CusumLoopDetector
+        >>> both = AnyRule.of(CusumLoopDetector(), None, ConfidenceRule())
+        >>> both.top_logprobs, both.stops_whole_as_streamed
+        (20, False)
     """
 
     rules: tuple[StopRule, ...]
 
+    @classmethod
+    def of(cls, *rules: StopRule | None) -> StopRule | None:
+        """The rules given, as one: None if none, the rule itself if one, else an AnyRule."""
+        found = tuple(r for r in rules if r is not None)
+        if len(found) <= 1:
+            return found[0] if found else None
+        return cls(found)
+
     @property
     def top_logprobs(self) -> int:
         return max((r.top_logprobs for r in self.rules), default=0)
+
+    @property
+    def stops_whole_as_streamed(self) -> bool:
+        return all(r.stops_whole_as_streamed for r in self.rules)
 
     def start(self) -> StopMonitor:
         return _AnyMonitor([r.start() for r in self.rules])
@@ -152,7 +145,8 @@ class AbortSwitch:
 
     For a strategy that runs samples concurrently and decides before all of them
     end (``asc``): the samples still running stop with finish ``abort``, and as
-    they end through the backend's own stream, their tokens are counted.
+    they end through the backend's own stream, their tokens are counted. What it
+    stops depends on when it fires, so a sample under it is always streamed.
 
     Example:
         >>> switch = AbortSwitch()
@@ -162,6 +156,7 @@ class AbortSwitch:
     """
 
     top_logprobs: ClassVar[int] = 0
+    stops_whole_as_streamed: ClassVar[bool] = False
 
     def __init__(self) -> None:
         self.fired = False
@@ -173,69 +168,11 @@ class AbortSwitch:
         return _SwitchMonitor(self)
 
 
-Watcher = StopRule | LoopDetector
-
-
-def as_rule(monitor: Watcher | None) -> StopRule | None:
-    """``monitor`` as a stop rule: a rule as it is, a loop detector wrapped in ``LoopRule``."""
-    if monitor is None or isinstance(monitor, StopRule):
-        return monitor
-    return LoopRule(monitor)
-
-
-def combine(*monitors: Watcher | None) -> Watcher | None:
-    """The monitors of one call as one: None if none, the one itself if one, else ``AnyRule``.
-
-    A single loop detector stays as given (so a backend, or a test, sees the detector).
-    """
-    found = [m for m in monitors if m is not None]
-    if len(found) <= 1:
-        return found[0] if found else None
-    return AnyRule(tuple(r for m in found if (r := as_rule(m)) is not None))
-
-
-def checks_whole(rule: StopRule | None) -> bool:
-    """Whether ``rule``, fed a finished sample's whole text at once, stops it where it
-    would have stopped it streamed (same finish reason, same cut).
-
-    A backend may then check such a sample after it ends instead of streaming it:
-    the answer is the same, only the tokens past the stop are spent. True for the
-    CUSUM loop detector (its alarm does not depend on how the text is chunked) and
-    for rules made only of it; False for rules that read token logprobs as they
-    come (``ConfidenceRule``) and for loop detectors not known to be chunk-free.
-
-    Example:
-        >>> checks_whole(LoopRule(CusumLoopDetector())), checks_whole(ConfidenceRule())
-        (True, False)
-    """
-    if isinstance(rule, AnyRule):
-        return all(checks_whole(r) for r in rule.rules)
-    return isinstance(rule, LoopRule) and isinstance(rule.detector, CusumLoopDetector)
-
-
-def check_whole(rule: StopRule, params: SamplingParams, n: int, limit: int | None) -> bool:
-    """Whether a backend may run a call of ``n`` samples under ``rule`` as one
-    n-sample request and check each sample once it ends, instead of streaming
-    each sample as its own request.
-
-    Only for rules that stop a whole text where they stop a stream
-    (:func:`checks_whole`), and only up to ``limit`` tokens (None: never): a
-    looping sample then runs to ``max_tokens``, so long calls lose more tokens
-    than one request saves. Never for n > 1 greedy samples, which vLLM refuses
-    in one request.
-
-    Example:
-        >>> check_whole(LoopRule(CusumLoopDetector()), SamplingParams(max_tokens=128), 5, 128)
-        True
-    """
-    return (limit is not None and params.max_tokens <= limit and checks_whole(rule)
-            and (n == 1 or params.temperature > 0))
-
-
 def wire_params(params: SamplingParams, rule: StopRule | None) -> SamplingParams:
     """What to ask the engine for: ``params``, with the top-k logprobs ``rule`` needs.
 
     Example:
+        >>> from refinery.engine.confidence import ConfidenceRule
         >>> wire_params(SamplingParams(), ConfidenceRule(top_k=5)).top_logprobs
         5
     """
@@ -255,6 +192,20 @@ def caller_tokens(tokens: list[TokenLogprob] | None,
             else t.model_copy(update={"top_logprobs": t.top_logprobs[:k]}) for t in tokens]
 
 
+def cut_at(text: str, piece: str, keep: int) -> tuple[int, str]:
+    """Where a stream is cut to keep ``keep`` chars, on the arrival of ``piece``.
+
+    ``text`` is what came before ``piece``. Returns the cut clamped to the text
+    seen so far, and the part of ``piece`` before it (still to be sent).
+
+    Example:
+        >>> cut_at("abc", "defg", 5), cut_at("abc", "defg", 2), cut_at("abc", "de", 99)
+        ((5, 'de'), (2, ''), (5, 'de'))
+    """
+    onset = max(0, min(keep, len(text) + len(piece)))
+    return onset, piece[:max(0, onset - len(text))]
+
+
 class WatchedSample:
     """One streamed sample under a fresh monitor of ``rule`` (if any): the shared driver.
 
@@ -264,7 +215,8 @@ class WatchedSample:
     (``onset``: the cut, when the stop keeps less than all).
 
     Example:
-        >>> watch = WatchedSample(as_rule(CusumLoopDetector()))
+        >>> from refinery.engine.loops import CusumLoopDetector
+        >>> watch = WatchedSample(CusumLoopDetector())
         >>> kept = watch.add("Two plus two is four.")
         >>> watch.text, watch.stop
         ('Two plus two is four.', None)
@@ -316,7 +268,8 @@ class WatchedStream:
     ``tokens`` and ``watch`` describe the sample, for the backend's Completion.
 
     Example:
-        >>> stream = WatchedStream(as_rule(CusumLoopDetector()), SamplingParams())
+        >>> from refinery.engine.loops import CusumLoopDetector
+        >>> stream = WatchedStream(CusumLoopDetector(), SamplingParams())
         >>> async for delta in stream.deltas(pieces):  # doctest: +SKIP
         ...     print(delta.text, end="")
     """

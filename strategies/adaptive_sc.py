@@ -11,8 +11,7 @@ from pydantic import Field
 
 from refinery.engine.context import Context
 from refinery.engine.errors import BudgetExhausted, RefineryError
-from refinery.strategies.spec import ChildCost
-from refinery.engine.stops import AbortSwitch, as_rule, combine
+from refinery.engine.stops import AbortSwitch, AnyRule
 from refinery.engine.types import Attempt, Task
 from refinery.strategies.base import (
     PartialAttempts,
@@ -23,6 +22,7 @@ from refinery.strategies.base import (
 )
 from refinery.strategies.cot import CoT, sample_inner
 from refinery.strategies.self_consistency import answer_groups
+from refinery.strategies.spec import ChildCost
 
 Against = Literal["rest", "runner_up"]
 
@@ -103,7 +103,7 @@ class AdaptiveSelfConsistency(Strategy):
 
     async def solve(self, task: Task, ctx: Context) -> Attempt:
         switch = AbortSwitch()
-        view = ctx.fork(stop_rule=as_rule(combine(ctx.stop_rule, switch)))
+        view = ctx.fork(stop_rule=AnyRule.of(ctx.stop_rule, switch))
         runs: set[asyncio.Task[list[Attempt]]] = set()
         pool: list[Attempt] = []
         launched, spent = 0, None

@@ -25,10 +25,14 @@ reply accordingly. ``logprobs=True`` gets one TokenLogprob per word (streamed
 with its word), each with ``top_logprobs`` alternatives: the word itself, then
 ``alt1``, ``alt2``...
 
-Stop rules: off by default (a ``monitor`` is ignored, as the double always did).
-``watch=True`` runs them as the real backends do, through the same driver
-(``engine.stops.WatchedSample``), one word a token: a stopped sample ends at
-the word that tipped it, with that many completion tokens. ``tops`` gives
+Stop rules: off by default (a ``stop_rule`` is ignored, as the double always did).
+``watch=True`` runs them as the real backends do, through the same fan-out
+(``engine.backends.fan_out``) and stream driver (``engine.stops.WatchedStream``),
+one word a token: a streamed sample stopped by its rule ends at the word that
+tipped it, with that many completion tokens. ``whole_check_max_tokens`` is the
+real backends' knob (None here by default: every watched sample is streamed);
+a call it lets through is one request, each sample checked whole after it ends,
+so a stopped one keeps all its words' tokens counted. ``tops`` gives
 chosen per-token logprobs: ``tops(text, i)`` returns, for each word of sample
 ``i``'s reply, its candidates' log-probabilities, most likely first (the first
 is the word's own); words past the list keep the default ones.
@@ -55,15 +59,9 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 from refinery.engine.backends.base import check_continuable, require_continuation
+from refinery.engine.backends.fan_out import fan_out
 from refinery.engine.constraints import ALL_KINDS, require_support
-from refinery.engine.stops import (
-    Piece,
-    StopRule,
-    WatchedStream,
-    as_rule,
-    caller_tokens,
-    wire_params,
-)
+from refinery.engine.stops import Piece, StopRule, WatchedStream, caller_tokens, wire_params
 from refinery.engine.types import (
     Completion,
     Delta,
@@ -103,6 +101,7 @@ class ScriptedBackend:
     watch: bool = False
     tops: Tops | None = None
     paced: bool = False  # streams yield to the loop between words (samples interleave)
+    whole_check_max_tokens: int | None = None
 
     # -- health (what the server reads) --------------------------------------------------
 
@@ -178,8 +177,8 @@ class ScriptedBackend:
                                                          self.tops)
                                           if params.logprobs else None))
 
-    def _rule(self, monitor) -> StopRule | None:
-        return as_rule(monitor) if self.watch else None
+    def _rule(self, stop_rule: StopRule | None) -> StopRule | None:
+        return stop_rule if self.watch else None
 
     def _record(self, messages, params, n, continue_final) -> None:
         if continue_final:
@@ -187,7 +186,7 @@ class ScriptedBackend:
             check_continuable(messages)
         self.calls.append(Call(list(messages), params, n, continue_final))
 
-    async def generate(self, messages, params, *, n=None, monitor=None,
+    async def generate(self, messages, params, *, n=None, stop_rule=None,
                        continue_final=False) -> list[Completion]:
         n = params.n if n is None else n
         self._record(messages, params, n, continue_final)
@@ -195,23 +194,22 @@ class ScriptedBackend:
             index = len(self.calls) - 1
             await self._wait(index)
             self.log.append(("done", index))
-        rule = self._rule(monitor)
-        if rule is None:
-            return [self._completion(messages, params, i) for i in range(n)]
-        wire, out = wire_params(params, rule), []
-        for i in range(n):
-            async for delta in self._deltas(self._completion(messages, wire, i), params, rule):
-                last = delta
-            out.append(last.completion)
-        return out
+        rule, wire = self._rule(stop_rule), wire_params(params, self._rule(stop_rule))
+        return await fan_out(
+            n, rule, params, self.whole_check_max_tokens,
+            one_request=lambda k: self._one_request(messages, params, k),
+            one_stream=lambda i: self._deltas(self._completion(messages, wire, i), params, rule))
 
-    async def stream(self, messages, params, *, monitor=None,
+    async def _one_request(self, messages, params, n: int) -> list[Completion]:
+        return [self._completion(messages, params, i) for i in range(n)]
+
+    async def stream(self, messages, params, *, stop_rule=None,
                      continue_final=False) -> AsyncIterator[Delta]:
         self._record(messages, params, 1, continue_final)
         index = len(self.calls) - 1
         if self._slow:
             await self._wait(index)
-        rule = self._rule(monitor)
+        rule = self._rule(stop_rule)
         comp = self._completion(messages, wire_params(params, rule), 0)
         try:
             async for delta in self._deltas(comp, params, rule):

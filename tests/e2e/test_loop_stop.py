@@ -27,7 +27,7 @@ def looping_prompt() -> list[Message]:
 async def test_monitor_stops_a_real_loop_early(vllm_backend):
     msgs, params = looping_prompt(), SamplingParams(temperature=0, max_tokens=512)
     [free] = await vllm_backend.generate(msgs, params)
-    [watched] = await vllm_backend.generate(msgs, params, monitor=CusumLoopDetector())
+    [watched] = await vllm_backend.generate(msgs, params, stop_rule=CusumLoopDetector())
     assert free.finish_reason == "length" and free.completion_tokens == 512
     assert watched.finish_reason == "loop"
     assert watched.completion_tokens < 0.5 * free.completion_tokens

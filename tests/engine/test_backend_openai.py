@@ -155,9 +155,9 @@ async def test_against_vllm_openai_server(vllm_server):
     # Under the loop detector a short call is one request, checked whole; n greedy
     # samples (vLLM refuses them in one request) go as n streamed requests.
     greedy = SamplingParams(temperature=0, max_tokens=24)
-    [w] = await be.generate(Q, greedy, monitor=CusumLoopDetector())
+    [w] = await be.generate(Q, greedy, stop_rule=CusumLoopDetector())
     assert (w.text, w.completion_tokens) == (c.text, c.completion_tokens)
-    ws = await be.generate(Q, greedy, n=2, monitor=CusumLoopDetector())
+    ws = await be.generate(Q, greedy, n=2, stop_rule=CusumLoopDetector())
     assert [w.text for w in ws] == [c.text, c.text]
     pieces, final = [], None
     async for d in be.stream(Q, SamplingParams(temperature=0, max_tokens=24)):
@@ -224,7 +224,7 @@ async def test_an_unsupported_constraint_sends_nothing():
             await be.generate(Q, SamplingParams(max_tokens=4, constraint=c))
         with pytest.raises(UnsupportedConstraintError):
             await be.generate(Q, SamplingParams(max_tokens=4, constraint=c),
-                              monitor=CusumLoopDetector())
+                              stop_rule=CusumLoopDetector())
         await be.aclose()
     assert hits == [] and be.healthy
 
@@ -463,7 +463,7 @@ async def test_calls_of_one_task_go_to_one_upstream_and_tasks_spread():
     assert all(min(h) == 0 and max(h) >= 2 for h in hits.values()), hits  # never split
     assert {h.index(max(h)) for h in hits.values()} == {0, 1}, hits  # both upstreams used
     # the same key always picks the same upstream; no key goes round-robin
-    assert be._first_upstream("t3") == be._first_upstream("t3")
+    assert be.upstreams.first("t3") == be.upstreams.first("t3")
 
 
 async def test_a_task_whose_upstream_is_down_moves_to_the_next():
@@ -471,7 +471,7 @@ async def test_a_task_whose_upstream_is_down_moves_to_the_next():
     dead = f"http://127.0.0.1:{free_port()}/v1"
     with up as url:
         be = OpenAIBackend("m", [dead, url], config=quick(backoff_max=0.02))
-        key = next(k for k in (f"k{i}" for i in range(100)) if be._first_upstream(k) == 0)
+        key = next(k for k in (f"k{i}" for i in range(100)) if be.upstreams.first(k) == 0)
         [c] = await be.generate(Q, SamplingParams(max_tokens=4).but(affinity=key))
         await be.aclose()
     assert c.text == "4" and len(up.hits) == 1

@@ -108,10 +108,10 @@ async def test_a_short_watched_call_is_one_request_cut_where_streaming_cuts(
 
     monkeypatch.setattr(vllm_backend.engine, "generate", counted)
     greedy = SamplingParams(temperature=0, max_tokens=128)
-    [whole] = await vllm_backend.generate(REPEAT, greedy, monitor=CusumLoopDetector())
+    [whole] = await vllm_backend.generate(REPEAT, greedy, stop_rule=CusumLoopDetector())
     assert sent == [(RequestOutputKind.FINAL_ONLY, 1)]
     monkeypatch.setattr(vllm_backend, "whole_check_max_tokens", None)
-    [streamed] = await vllm_backend.generate(REPEAT, greedy, monitor=CusumLoopDetector())
+    [streamed] = await vllm_backend.generate(REPEAT, greedy, stop_rule=CusumLoopDetector())
     assert sent[1:] == [(RequestOutputKind.DELTA, 1)]
     # The same greedy text, cut at the same place whether checked whole or streamed;
     # checked whole, the tokens past the cut were generated and count.
@@ -120,7 +120,7 @@ async def test_a_short_watched_call_is_one_request_cut_where_streaming_cuts(
     assert whole.completion_tokens > streamed.completion_tokens
     monkeypatch.setattr(vllm_backend, "whole_check_max_tokens", 128)
     outs = await vllm_backend.generate(REPEAT, SamplingParams(temperature=1.0, max_tokens=32),
-                                       n=3, monitor=CusumLoopDetector())
+                                       n=3, stop_rule=CusumLoopDetector())
     assert len(outs) == 3 and sent[2:] == [(RequestOutputKind.FINAL_ONLY, 3)]
 
 

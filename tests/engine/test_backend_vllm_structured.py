@@ -76,7 +76,7 @@ async def test_the_constraint_holds_on_the_monitored_stream_path(vllm_backend):
     comps = await vllm_backend.generate(ask("Is the sky blue?"),
                                         SamplingParams(temperature=1.0, max_tokens=40, n=3,
                                                        constraint=c),
-                                        monitor=CusumLoopDetector())
+                                        stop_rule=CusumLoopDetector())
     assert all(c.accepts(x.text) for x in comps if x.finish_reason == "stop"), comps
 
 

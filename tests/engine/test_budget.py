@@ -80,8 +80,8 @@ async def test_inner_contexts_reserve_under_the_root():
 
 
 class FailingBackend(ScriptedBackend):
-    async def generate(self, messages, params, *, n=None, monitor=None):
-        await super().generate(messages, params, n=n, monitor=monitor)
+    async def generate(self, messages, params, *, n=None, stop_rule=None):
+        await super().generate(messages, params, n=n, stop_rule=stop_rule)
         raise BackendError("upstream fell over")
 
 
@@ -156,8 +156,8 @@ async def test_stream_closed_when_the_consumer_is_cancelled():
 class LoopOnceBackend(ScriptedBackend):
     """Marks every un-nudged sample as a loop that used its whole cap."""
 
-    async def generate(self, messages, params, *, n=None, monitor=None):
-        comps = await super().generate(messages, params, n=n, monitor=monitor)
+    async def generate(self, messages, params, *, n=None, stop_rule=None):
+        comps = await super().generate(messages, params, n=n, stop_rule=stop_rule)
         if messages[-1].content == LOOP_NUDGE:
             return comps
         return [Completion(text="loop", prompt_tokens=c.prompt_tokens,
@@ -166,9 +166,15 @@ class LoopOnceBackend(ScriptedBackend):
 
 
 class Always:
-    def new(self):
+    top_logprobs = 0
+    stops_whole_as_streamed = False
+
+    def start(self):
         class M:
-            def feed(self, text):
+            def feed(self, text, tokens):
+                return None
+
+            def measures(self):
                 return None
         return M()
 

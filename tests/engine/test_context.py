@@ -7,7 +7,8 @@ import pytest
 from refinery.engine.constraints import Constraint
 from refinery.engine.context import LOOP_NUDGE, Budget, Context
 from refinery.engine.errors import BudgetExhausted
-from refinery.engine.loops import CusumLoopDetector, LoopAlarm
+from refinery.engine.loops import CusumLoopDetector
+from refinery.engine.stops import Stop
 from refinery.engine.types import Completion, Delta, Message, SamplingParams
 from tests.scripted_backend import ScriptedBackend
 
@@ -48,9 +49,9 @@ async def test_inner_and_fork_share_usage():
 class LoopingBackend(ScriptedBackend):
     """Marks the first sample of the un-nudged prompt as a loop."""
 
-    async def generate(self, messages, params, *, n=None, monitor=None):
-        comps = await super().generate(messages, params, n=n, monitor=monitor)
-        if messages[-1].content != LOOP_NUDGE and monitor is not None:
+    async def generate(self, messages, params, *, n=None, stop_rule=None):
+        comps = await super().generate(messages, params, n=n, stop_rule=stop_rule)
+        if messages[-1].content != LOOP_NUDGE and stop_rule is not None:
             c = comps[0]
             comps[0] = Completion(text="loop loop", prompt_tokens=c.prompt_tokens,
                                   completion_tokens=50, finish_reason="loop", loop_onset=9)
@@ -58,10 +59,18 @@ class LoopingBackend(ScriptedBackend):
 
 
 class AlwaysDetector:
-    def new(self):
+    """A stop rule that calls every sample a loop from its first piece on."""
+
+    top_logprobs = 0
+    stops_whole_as_streamed = False
+
+    def start(self):
         class M:
-            def feed(self, text):
-                return LoopAlarm(0, 0)
+            def feed(self, text, tokens):
+                return Stop("loop", keep=0)
+
+            def measures(self):
+                return None
         return M()
 
 
@@ -106,9 +115,9 @@ async def test_constrained_calls_are_not_loop_monitored():
     seen = []
 
     class Recording(ScriptedBackend):
-        async def generate(self, messages, params, *, n=None, monitor=None):
-            seen.append(monitor)
-            return await super().generate(messages, params, n=n, monitor=monitor)
+        async def generate(self, messages, params, *, n=None, stop_rule=None):
+            seen.append(stop_rule)
+            return await super().generate(messages, params, n=n, stop_rule=stop_rule)
 
     detector = CusumLoopDetector()
     ctx = Context(Recording([(r".*", '{"a": 1}')]), loop_detector=detector)

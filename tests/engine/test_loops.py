@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from refinery.engine.loops import CusumLoopDetector, LoopAlarm
+from refinery.engine.stops import Stop
 
 ROOT = Path(__file__).resolve().parents[2]
 # The labelled set at two generation caps (512 and 1024 new tokens), same prompts,
@@ -40,16 +41,17 @@ FRUITS = ("apples pears plums cherries grapes lemons limes mangoes melons kiwis 
           "raisins prunes currants nectarines tangerines pomelos lychees persimmons").split()
 
 
-def feed_all(text: str, det: CusumLoopDetector = DET, sizes: tuple[int, ...] = ()) -> LoopAlarm:
-    """Feed ``text`` in chunks of the given sizes (cycled), or whole if none."""
-    mon = det.new()
+def feed_all(text: str, det: CusumLoopDetector = DET,
+             sizes: tuple[int, ...] = ()) -> LoopAlarm | None:
+    """Feed ``text`` in chunks of the given sizes (cycled), or whole if none; the alarm."""
+    mon = det.start()
     if not sizes:
-        return mon.feed(text)
+        mon.feed(text)
+        return mon.alarm
     pos, i = 0, 0
     while pos < len(text):
-        alarm = mon.feed(text[pos : pos + sizes[i % len(sizes)]])
-        if alarm is not None:
-            return alarm
+        if mon.feed(text[pos : pos + sizes[i % len(sizes)]]) is not None:
+            return mon.alarm
         pos += sizes[i % len(sizes)]
         i += 1
     return None
@@ -116,11 +118,11 @@ def test_chunking_does_not_change_the_alarm():
 
 
 def test_alarm_is_sticky_and_monitors_are_independent():
-    mon = DET.new()
-    alarm = mon.feed(INTRO + STATEMENT * 8)
-    assert alarm is not None
-    assert mon.feed("anything else") == alarm
-    assert DET.new().feed(CLEAN) is None
+    mon = DET.start()
+    stop = mon.feed(INTRO + STATEMENT * 8)
+    assert stop == Stop("loop", keep=mon.alarm.onset)
+    assert mon.feed("anything else") == stop and mon.measures() is None
+    assert DET.start().feed(CLEAN) is None
 
 
 def test_parameters_are_validated():
@@ -154,7 +156,7 @@ def test_no_gsm8k_gold_solution_alarms():
     chunks = re.compile(r"\s*\S+|\s+")  # word-sized pieces, like model tokens
     alarms = []
     for i, text in enumerate(_gold()):
-        mon = DET.new()
+        mon = DET.start()
         if any(mon.feed(c) is not None for c in chunks.findall(text)):
             alarms.append(i)
     assert len(_gold()) == 2 * 1319
@@ -167,12 +169,12 @@ def _heldout(labelled: str = "loops", split: str = "heldout") -> list[dict]:
 
 def _stream_tokens(row: dict) -> tuple[LoopAlarm | None, int]:
     """Feed one model token at a time, as the backend does; return alarm and tokens fed."""
-    mon, pos = DET.new(), 0
+    mon, pos = DET.start(), 0
     for i, n in enumerate(row["token_lens"], 1):
-        alarm = mon.feed(row["text"][pos : pos + n])
+        stop = mon.feed(row["text"][pos : pos + n])
         pos += n
-        if alarm is not None:
-            return alarm, i
+        if stop is not None:
+            return mon.alarm, i
     return None, len(row["token_lens"])
 
 
@@ -218,7 +220,7 @@ def test_tokens_saved_depend_on_the_cap_and_meet_the_target_at_1024():
 def test_real_generations_alarm_alike_streamed_or_whole():
     for r in _heldout()[:200]:
         streamed, _ = _stream_tokens(r)
-        assert DET.new().feed(r["text"]) == streamed, r["id"]
+        assert feed_all(r["text"]) == streamed, r["id"]
 
 
 def _labeller():
@@ -242,10 +244,3 @@ def test_labelling_rule():
     nums = [t for i in range(1, 60) for t in (" ", *str(7 * i), ",")]
     assert lab.repeat_onset(nums, n=12) is None
 
-
-def test_cut_at_onset_clamps_and_keeps_the_prefix_of_the_piece():
-    from refinery.engine.loops import LoopAlarm, cut_at_onset
-
-    assert cut_at_onset("abc", "defg", LoopAlarm(onset=5, position=7)) == (5, "de")
-    assert cut_at_onset("abc", "defg", LoopAlarm(onset=2, position=7)) == (2, "")
-    assert cut_at_onset("abc", "de", LoopAlarm(onset=99, position=5)) == (5, "de")

@@ -10,27 +10,26 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
+from refinery.engine.backends.fan_out import checked_whole, may_check_after_end
 from refinery.engine.backends.openai import OpenAIBackend, OpenAIConfig
 from refinery.engine.confidence import ConfidenceRule, percentile, token_confidence
 from refinery.engine.context import Context
+from refinery.engine.errors import InvalidRequestError
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.stops import (
+    AbortSwitch,
     AnyRule,
-    LoopRule,
     Piece,
     Stop,
     WatchedSample,
     WatchedStream,
-    as_rule,
     caller_tokens,
-    check_whole,
-    checks_whole,
-    combine,
+    cut_at,
     wire_params,
 )
-from refinery.engine.types import Message, SamplingParams, TokenLogprob, TopLogprob
-from tests.engine.test_backend_openai import ThreadedApp
+from refinery.engine.types import Completion, Message, SamplingParams, TokenLogprob, TopLogprob
 from tests.scripted_backend import ScriptedBackend
+from tests.servers import ThreadedApp
 from tests.waiting import wait_for
 
 Q = [Message(role="user", content="q")]
@@ -107,47 +106,47 @@ def test_wire_params_ask_for_what_the_rule_needs_and_callers_get_what_they_asked
     assert wire_params(SamplingParams(), None) == SamplingParams()
     wire = wire_params(SamplingParams(logprobs=True, top_logprobs=2), rule)
     assert wire.logprobs and wire.top_logprobs == 20
-    assert wire_params(SamplingParams(), LoopRule(CusumLoopDetector())) == SamplingParams()
+    assert wire_params(SamplingParams(), CusumLoopDetector()) == SamplingParams()
     tokens = [tok(*([-1.0] * 20))]
     assert caller_tokens(tokens, SamplingParams()) is None
     [t] = caller_tokens(tokens, SamplingParams(logprobs=True, top_logprobs=3))
     assert len(t.top_logprobs) == 3
 
 
-def test_combine_keeps_a_lone_detector_and_joins_several():
+def test_any_rule_of_keeps_a_lone_rule_and_joins_several():
     det, rule = CusumLoopDetector(), ConfidenceRule()
-    assert combine(None, None) is None and combine(det, None) is det
-    both = combine(det, rule)
-    assert isinstance(both, AnyRule) and both.top_logprobs == 20
-    assert isinstance(as_rule(det), LoopRule) and as_rule(rule) is rule
+    assert AnyRule.of(None, None) is None and AnyRule.of(det, None) is det
+    both = AnyRule.of(det, None, rule)
+    assert both == AnyRule((det, rule)) and both.top_logprobs == 20
 
 
-def test_only_chunk_free_rules_may_check_a_whole_text():
-    class OtherDetector:
-        def new(self):
-            return CusumLoopDetector().new()
-
-    loop = LoopRule(CusumLoopDetector())
-    assert checks_whole(loop) and checks_whole(AnyRule((loop, loop)))
-    assert not checks_whole(ConfidenceRule())
-    assert not checks_whole(AnyRule((loop, ConfidenceRule())))
-    assert not checks_whole(LoopRule(OtherDetector()))  # not known to be chunk-free
-    assert not checks_whole(None)
+def test_only_rules_that_stop_a_whole_text_as_a_stream_are_checked_whole():
+    loop = CusumLoopDetector()
+    assert loop.stops_whole_as_streamed and AnyRule((loop, loop)).stops_whole_as_streamed
+    assert not ConfidenceRule().stops_whole_as_streamed  # reads logprobs as they come
+    assert not AnyRule((loop, ConfidenceRule())).stops_whole_as_streamed
+    assert not AbortSwitch().stops_whole_as_streamed  # stops on when it fires
 
 
 def test_a_call_is_checked_whole_only_when_short_chunk_free_and_not_n_greedy_samples():
-    loop, short = LoopRule(CusumLoopDetector()), SamplingParams(max_tokens=128)
-    assert check_whole(loop, short, 5, 128) and check_whole(loop, short, 1, 200)
-    assert not check_whole(loop, SamplingParams(max_tokens=129), 5, 128)
-    assert not check_whole(loop, short, 5, None)  # None: never
-    assert not check_whole(ConfidenceRule(), short, 5, 128)
+    loop, short = CusumLoopDetector(), SamplingParams(max_tokens=128)
+    assert may_check_after_end(loop, short, 5, 128) and may_check_after_end(loop, short, 1, 200)
+    assert not may_check_after_end(loop, SamplingParams(max_tokens=129), 5, 128)
+    assert not may_check_after_end(loop, short, 5, None)  # None: never
+    assert not may_check_after_end(ConfidenceRule(), short, 5, 128)
     greedy = SamplingParams(max_tokens=64, temperature=0)
-    assert check_whole(loop, greedy, 1, 128) and not check_whole(loop, greedy, 2, 128)
+    assert may_check_after_end(loop, greedy, 1, 128)
+    assert not may_check_after_end(loop, greedy, 2, 128)
+
+
+def test_cut_at_clamps_and_keeps_the_prefix_of_the_piece():
+    assert cut_at("abc", "defg", 5) == (5, "de")
+    assert cut_at("abc", "defg", 2) == (2, "")
+    assert cut_at("abc", "de", 99) == (5, "de")
 
 
 def loop_cut_directly(text: str) -> int:
-    alarm = CusumLoopDetector().new().feed(text)
-    return alarm.onset
+    return CusumLoopDetector().start().feed(text).keep
 
 
 @pytest.mark.parametrize("with_confidence", [False, True])
@@ -183,6 +182,41 @@ def test_watched_sample_cuts_a_piece_at_the_onset():
     assert watch.add("abc") == "abc"
     assert watch.add("dexyz") == "de" and watch.text == "abcde" and watch.onset == 5
     assert watch.stop.reason == "loop"
+
+
+# -- the fan-out on the scripted double: one request checked whole, or streams ------------
+
+
+@pytest.mark.parametrize("limit,looped_tokens", [(128, 116), (None, 68)])
+async def test_a_short_watched_call_is_checked_whole_or_streamed_with_the_same_cut(
+        limit, looped_tokens):
+    texts = [LOOP, "Add 3 and 4 to get 7."]
+    backend = ScriptedBackend([(".*", texts)], watch=True, whole_check_max_tokens=limit)
+    ctx = Context(backend, loop_detector=CusumLoopDetector(), loop_policy="truncate",
+                  params=SamplingParams(max_tokens=128))
+    looped, clean = await ctx.generate(Q, n=2)
+    cut = loop_cut_directly(LOOP)
+    assert LOOP[:cut] == "First add 3 and 4 to get 7. Then we add 3 and 4 again to check. "
+    assert (looped.text, looped.finish_reason, looped.loop_onset) == (LOOP[:cut], "loop", cut)
+    assert (clean.text, clean.finish_reason, clean.loop_onset) == (texts[1], "stop", None)
+    # Checked whole, every word of the loop was generated (116 of them) and counts;
+    # streamed, the sample ended at the 68th word, the one that tipped the alarm.
+    assert (looped.completion_tokens, clean.completion_tokens) == (looped_tokens, 7)
+    assert ctx.spent.completion_tokens == looped_tokens + 7
+    assert [c.n for c in backend.calls] == [2]
+
+
+def test_checked_whole_keeps_a_sample_no_rule_stops_as_it_is():
+    comp = Completion(text="Add 3 and 4 to get 7.", prompt_tokens=3, completion_tokens=7,
+                      finish_reason="length")
+    assert checked_whole(comp, CusumLoopDetector()) == comp
+    assert checked_whole(comp, None) is comp
+
+
+async def test_a_call_of_no_samples_is_refused():
+    with pytest.raises(InvalidRequestError, match="n must be >= 1") as err:
+        await ScriptedBackend([(".*", "x")]).generate(Q, SamplingParams(), n=0)
+    assert err.value.param == "n"
 
 
 # -- an OpenAI-compatible upstream: the stream is closed at the stop ---------------------
@@ -232,7 +266,7 @@ async def test_an_upstream_stream_is_closed_at_a_confidence_stop():
     with upstream as url:
         be = OpenAIBackend("m", url)
         rule = ConfidenceRule(top_k=4, window=4, threshold=4.6)
-        [c] = await be.generate(Q, SamplingParams(max_tokens=300), monitor=rule)
+        [c] = await be.generate(Q, SamplingParams(max_tokens=300), stop_rule=rule)
         # The server notices the hang-up and stops sending: the count stops moving.
         sent = [-1]
 
@@ -289,11 +323,11 @@ async def test_a_short_call_under_the_loop_detector_is_one_request_checked_whole
     upstream = BothWaysUpstream(texts)
     with upstream as url:
         whole = await OpenAIBackend("m", url).generate(
-            Q, SamplingParams(max_tokens=128), n=2, monitor=CusumLoopDetector())
+            Q, SamplingParams(max_tokens=128), n=2, stop_rule=CusumLoopDetector())
         bodies, upstream.bodies = upstream.bodies, []
         streamed = await OpenAIBackend("m", url,
                                        config=OpenAIConfig(whole_check_max_tokens=None)).generate(
-            Q, SamplingParams(max_tokens=128), n=2, monitor=CusumLoopDetector())
+            Q, SamplingParams(max_tokens=128), n=2, stop_rule=CusumLoopDetector())
     [req] = bodies  # one request for both samples, not streamed
     assert req["n"] == 2 and not req.get("stream")
     assert [b.get("stream") for b in upstream.bodies] == [True, True]
@@ -317,7 +351,7 @@ async def test_a_long_call_under_the_loop_detector_streams_every_sample():
     with upstream as url:
         be = OpenAIBackend("m", url, config=OpenAIConfig(whole_check_max_tokens=256))
         comps = await be.generate(Q, SamplingParams(max_tokens=257), n=2,
-                                  monitor=CusumLoopDetector())
+                                  stop_rule=CusumLoopDetector())
     assert [b.get("stream") for b in upstream.bodies] == [True, True]
     assert [c.finish_reason for c in comps] == ["loop", "loop"]
 
@@ -327,11 +361,11 @@ async def test_greedy_samples_under_the_loop_detector_are_streamed_apart():
     with upstream as url:
         be = OpenAIBackend("m", url)
         await be.generate(Q, SamplingParams(max_tokens=64, temperature=0), n=2,
-                          monitor=CusumLoopDetector())
+                          stop_rule=CusumLoopDetector())
         assert [b.get("stream") for b in upstream.bodies] == [True, True]
         upstream.bodies = []
         await be.generate(Q, SamplingParams(max_tokens=64, temperature=0),
-                          monitor=CusumLoopDetector())
+                          stop_rule=CusumLoopDetector())
     [one] = upstream.bodies  # one greedy sample: one request, checked whole
     assert one["n"] == 1 and not one.get("stream")
 

@@ -20,9 +20,9 @@ class SlowBackend(ScriptedBackend):
 
     delay: float = 0.0
 
-    async def generate(self, messages, params, *, n=None, monitor=None):
+    async def generate(self, messages, params, *, n=None, stop_rule=None):
         await asyncio.sleep(self.delay)
-        return await super().generate(messages, params, n=n, monitor=monitor)
+        return await super().generate(messages, params, n=n, stop_rule=stop_rule)
 
 
 def config(out: str, n: int) -> EvalConfig:

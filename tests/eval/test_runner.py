@@ -156,9 +156,9 @@ class MonitorRecorder(SlowBackend):
         super().__init__([(r".*", "The answer is \\boxed{3}.")])
         self.monitors: list = []
 
-    async def generate(self, messages, params, *, n=None, monitor=None):
-        self.monitors.append(monitor)
-        return await super().generate(messages, params, n=n, monitor=monitor)
+    async def generate(self, messages, params, *, n=None, stop_rule=None):
+        self.monitors.append(stop_rule)
+        return await super().generate(messages, params, n=n, stop_rule=stop_rule)
 
 
 async def test_loop_policy_reaches_the_backend_and_is_part_of_the_run(tmp_path) -> None:

@@ -102,14 +102,14 @@ class CountingBackend:
         return getattr(self.inner, name)
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
-                       n: int | None = None, monitor: Any = None) -> list[Completion]:
+                       n: int | None = None, stop_rule: Any = None) -> list[Completion]:
         self.calls += 1
-        return await self.inner.generate(messages, params, n=n, monitor=monitor)
+        return await self.inner.generate(messages, params, n=n, stop_rule=stop_rule)
 
     def stream(self, messages: Sequence[Message], params: SamplingParams, *,
-               monitor: Any = None) -> AsyncIterator[Delta]:
+               stop_rule: Any = None) -> AsyncIterator[Delta]:
         self.calls += 1
-        return self.inner.stream(messages, params, monitor=monitor)
+        return self.inner.stream(messages, params, stop_rule=stop_rule)
 
     async def aclose(self) -> None:
         """Never closes the shared session engine (the session fixture does)."""

@@ -33,14 +33,14 @@ class ProbeBackend(ScriptedBackend):
         self.inflight = 0
         self.peak = 0
 
-    async def generate(self, messages, params, *, n=None, monitor=None):
+    async def generate(self, messages, params, *, n=None, stop_rule=None):
         self.inflight += 1
         self.peak = max(self.peak, self.inflight)
         # Zero-delay yields, not a timer: the interleaving is the same on a loaded machine.
         for _ in range(20):
             await asyncio.sleep(0)
         try:
-            return await super().generate(messages, params, n=n, monitor=monitor)
+            return await super().generate(messages, params, n=n, stop_rule=stop_rule)
         finally:
             self.inflight -= 1
 

@@ -24,7 +24,7 @@ class ScriptedBackend:
         self.calls: list[tuple[list[Message], SamplingParams, int]] = []
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
-                       n: int | None = None, monitor: object = None) -> list[Completion]:
+                       n: int | None = None, stop_rule: object = None) -> list[Completion]:
         n = n or params.n
         self.calls.append((list(messages), params, n))
         out = []
