@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from refinery.engine.backends.base import check_continuable
-from refinery.engine.constraints import ALL_KINDS, Constraint
 from refinery.engine.backends.fan_out import fan_out
 from refinery.engine.backends.vllm_engine import (
     ONE_PROCESS_ENV,
@@ -49,6 +48,7 @@ from refinery.engine.backends.vllm_engine import (
     shut_down,
     start_engine,
 )
+from refinery.engine.constraints import ALL_KINDS, Constraint
 from refinery.engine.errors import (
     BackendError,
     BackendUnavailableError,
@@ -73,8 +73,8 @@ __all__ = ["ONE_PROCESS_ENV", "VLLMBackend", "VLLMConfig", "all_cpus", "cached_t
            "engine_kwargs", "model_in_engine_core", "one_process_engine", "structured",
            "token_logprobs"]
 
-
 log = logging.getLogger(__name__)
+
 
 
 class VLLMBackend:
