@@ -5,12 +5,13 @@ Imports engine, verifiers, strategies and eval only (never serving or refinery).
 - :mod:`refinery.distill.dataset` selects SFT rows and preference pairs from eval runs;
 - :mod:`refinery.distill.schema` validates and writes them (TRL conversational formats);
 - :mod:`refinery.distill.train` runs LoRA SFT (+ DPO) on CPU and saves a merged checkpoint;
-- :mod:`refinery.distill.loop` repeats sample -> verify -> build -> train -> evaluate.
+- :mod:`refinery.distill.loop` repeats sample -> verify -> build -> train -> evaluate
+  (:mod:`refinery.distill.loop_report`: its settings and the table of its rounds).
 
 Example:
     >>> from refinery.distill import build, train
-    >>> stats = build(["runs/sc4-train"], "out/sft.jsonl", "out/pairs.jsonl")
-    >>> result = train("out/sft.jsonl", out="models/arith-r1")
+    >>> stats = build(["runs/sc4-train"], "out/sft.jsonl", "out/pairs.jsonl")  # doctest: +SKIP
+    >>> result = train("out/sft.jsonl", out="models/arith-r1")  # doctest: +SKIP
 """
 
 from refinery.distill.dataset import (
@@ -24,7 +25,8 @@ from refinery.distill.dataset import (
     gold_sft_rows,
     load_candidates,
 )
-from refinery.distill.loop import LoopConfig, LoopReport, RoundReport, loop, read_report, run_loop
+from refinery.distill.loop import loop, run_loop
+from refinery.distill.loop_report import LoopConfig, LoopReport, RoundReport, read_report
 from refinery.distill.schema import (
     ChatMessage,
     DistillError,

@@ -34,9 +34,9 @@ Engines: one vLLM engine per set of weights, closed before training starts
 (a caller may pass the engine of the base model; it is then left open).
 
 Example:
-    >>> report = await loop("arith", strategy="sc(pot, n=4)", rounds=2, train_size=200,
-    ...                     eval_size=200, out="runs/distill-arith")
-    >>> print(report.markdown())
+    >>> report = await loop("arith", strategy="sc(pot, n=4)", rounds=2,  # doctest: +SKIP
+    ...                     train_size=200, eval_size=200, out="runs/distill-arith")
+    >>> print(report.markdown())  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -47,178 +47,53 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from refinery.distill.dataset import BuildStats, build, gold_sft_rows
+from refinery.distill.loop_report import (
+    DEFAULT_SAMPLER,
+    LoopConfig,
+    LoopReport,
+    RoundReport,
+    write_report,
+)
 from refinery.distill.memory import MemoryStats, build_memory
 from refinery.distill.schema import DistillError, read_rows
-from refinery.distill.selection import ProgramRows, PromptFilter
 from refinery.distill.train import TRAIN_RECORD, TrainConfig, TrainResult, read_train_record
 from refinery.engine.backends.base import Backend
 from refinery.engine.backends.factory import BackendKind, BackendSpec, make_backend
-from refinery.engine.models import DEFAULT_MODEL
-from refinery.eval.datasets import Example, load_dataset
+from refinery.eval.datasets import load_dataset
+from refinery.eval.example import Example
 from refinery.eval.metrics import Accuracy
-from refinery.eval.ray_pool import RayOptions
 from refinery.eval.runner import EvalConfig, RunSummary, run_eval
 from refinery.strategies.cot import INSTRUCTION as COT_INSTRUCTION
 from refinery.strategies.memory_store import MemoryStore
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Programs the sandbox runs find verified answers where the model's own votes do not
-# (docs/results.md): the default sampler, its programs distilled as worked solutions.
-DEFAULT_SAMPLER = "sc(pot, n=4)"
+__all__ = ["EngineStarter", "EvalRunner", "Trainer", "loop", "open_engine", "run_loop",
+           "train_weights"]
 
-__all__ = ["DEFAULT_SAMPLER", "LoopConfig", "LoopReport", "RoundReport", "loop", "read_report",
-           "run_loop"]
-
-
-class LoopConfig(BaseModel):
-    """Settings of a distillation loop.
-
-    ``train`` holds :class:`~refinery.distill.train.TrainConfig` overrides (``max_steps``,
-    ``batch_size``, ``learning_rate``, ...). ``gold_fallback_rows``: when the
-    model's own verified data has fewer SFT rows than this, reference solutions
-    of unsolved train problems fill the gap (``arith`` only; rows are marked
-    ``verifier="gold"``); 0 = never, the default.
-
-    Example:
-        >>> LoopConfig(out="runs/d").strategy
-        'sc(pot, n=4)'
-    """
-
-    dataset: str = "arith"
-    strategy: str = Field(DEFAULT_SAMPLER, description="the sampler (default: the strongest "
-                          "measured on arith: programs whose runs are verified)")
-    rounds: int = Field(1, ge=1)
-    train_size: int = Field(200, ge=1)
-    eval_size: int = Field(100, ge=1)
-    base: str = DEFAULT_MODEL
-    out: str = "runs/distill"
-    eval_strategy: str = "cot"
-    sample_temperature: float = Field(0.7, ge=0.0, le=2.0)
-    eval_temperature: float = Field(0.0, ge=0.0, le=2.0)
-    max_tokens: int = Field(384, ge=1)
-    concurrency: int = Field(64, ge=1)
-    seed: int = 0
-    levels: list[int] | None = None
-    match_eval_prompt: bool = Field(
-        True, description="append cot's instruction to training prompts, as evaluation does")
-    pairs: bool = Field(False, description="also train DPO on preference pairs")
-    gold_fallback_rows: int = Field(0, ge=0)
-    prompt_filter: PromptFilter = Field("raft", description="raft: every verified attempt; "
-                                        "reinforce_rej: all-right prompts dropped too")
-    program_rows: ProgramRows = Field("rationale", description="a verified program becomes "
-                                      "the worked solution it computes, or stays code")
-    eval_sampler: bool = Field(True, description="also evaluate the sampler on the test split")
-    pmd: bool = Field(False, description="procedural memory: lessons from each round's "
-                      "attempts; the training targets are solved with them in the prompt")
-    teacher_url: str | None = Field(None, description="an OpenAI-compatible endpoint that "
-                                    "writes the lessons (default: the policy itself)")
-    teacher_model: str | None = None
-    max_lessons: int = Field(64, ge=1)
-    train: dict[str, Any] = Field(default_factory=dict)
-    isolate_training: bool = True
-    ray: RayOptions | None = Field(None, description="sample on Ray actors (the train split "
-                                   "and the round's weights must be readable on every node)")
+EngineStarter = Callable[[str], Awaitable[Backend]]
+"""Starts an engine serving a model (a name or a checkpoint directory)."""
+Trainer = Callable[[TrainConfig, Path, bool], Awaitable[TrainResult]]
+"""Trains one round's weights: the config, the round's directory, whether in a child process."""
+EvalRunner = Callable[..., Awaitable[RunSummary]]
+"""Runs one evaluation, called as :func:`~refinery.eval.runner.run_eval` is:
+``(config, backend=, examples=, progress=)``."""
 
 
-class RoundReport(BaseModel):
-    """One round: data made, training, and held-out accuracy before/after.
-
-    Example:
-        >>> r = read_report("runs/distill/loop.json").rounds[0]
-        >>> r.build.sft_rows, str(r.accuracy_before), str(r.accuracy_after)
-        (29, '3.0% (1.0-8.5)', '2.0% (0.6-7.0)')
-    """
-
-    round: int
-    model_in: str
-    model_out: str
-    train_problems: int
-    sample_accuracy: Accuracy
-    sample_tokens_per_problem: float
-    build: BuildStats
-    gold_rows: int = 0
-    train_steps: int = 0
-    loss_before: float | None = None
-    loss_after: float | None = None
-    dpo_steps: int = 0
-    accuracy_before: Accuracy
-    accuracy_after: Accuracy
-    sampler_before: Accuracy | None = None
-    sampler_after: Accuracy | None = None
-    memory: MemoryStats | None = None
-    seconds: dict[str, float] = Field(default_factory=dict)
-
-    @property
-    def delta(self) -> float:
-        return self.accuracy_after.value - self.accuracy_before.value
-
-    @property
-    def rows_per_100(self) -> float:
-        """SFT rows kept per 100 train problems."""
-        return 100 * self.build.sft_rows / max(self.train_problems, 1)
-
-
-class LoopReport(BaseModel):
-    """Every round of a loop, renderable as a markdown table.
-
-    Example:
-        >>> print(read_report("runs/distill/loop.json").markdown())
-    """
-
-    config: LoopConfig
-    eval_problems: int
-    rounds: list[RoundReport] = Field(default_factory=list)
-
-    def markdown(self) -> str:
-        c = self.config
-        lines = [
-            f"Distillation loop on `{c.dataset}`: sample with `{c.strategy}` "
-            f"(T={c.sample_temperature}, {c.prompt_filter}{', PMD' if c.pmd else ''}) on "
-            f"{c.train_size} train problems; evaluate `{c.eval_strategy}` "
-            f"(T={c.eval_temperature}){' and the sampler' if c.eval_sampler else ''} on "
-            f"{self.eval_problems} held-out test problems.",
-            "",
-            "| round | sampler acc (train) | SFT rows (per 100) | pairs | gold rows | lessons "
-            "kept / written | steps | loss before -> after | "
-            f"`{c.eval_strategy}` before | after | Δ | sampler before | after | minutes |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for r in self.rounds:
-            b, m = r.build, r.memory
-            loss = (f"{r.loss_before:.3f} -> {r.loss_after:.3f}"
-                    if r.loss_before is not None and r.loss_after is not None else "-")
-            lessons = f"{m.lessons_kept} / {m.lessons_written}" if m else "-"
-            lines.append(
-                f"| {r.round} | {r.sample_accuracy} | {b.sft_rows} ({r.rows_per_100:.0f}) | "
-                f"{b.pairs} | {r.gold_rows} | {lessons} | {r.train_steps} | {loss} | "
-                f"{r.accuracy_before} | {r.accuracy_after} | {100 * r.delta:+.1f} pts | "
-                f"{r.sampler_before or '-'} | {r.sampler_after or '-'} | "
-                f"{sum(r.seconds.values()) / 60:.1f} |")
-        return "\n".join(lines) + "\n"
-
-
-def _write_report(report: LoopReport, out: Path) -> None:
-    for name, body in (("loop.json", report.model_dump_json(indent=2) + "\n"),
-                       ("loop.md", report.markdown())):
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(body, encoding="utf-8")
-        os.replace(tmp, out / name)
-
-
-async def _start(model: str) -> Backend:
+async def open_engine(model: str) -> Backend:
+    """The loop's engine for ``model``: in-process vLLM."""
     return await make_backend(BackendSpec(model))
 
 
-async def _train(cfg: TrainConfig, workdir: Path, isolate: bool) -> TrainResult:
+async def train_weights(cfg: TrainConfig, workdir: Path, isolate: bool) -> TrainResult:
+    """Train as ``cfg`` says, in a child process if ``isolate`` (its config written to
+    ``workdir``); a round whose training already finished is read back, not redone."""
     model_dir = Path(cfg.out)
     if (model_dir / TRAIN_RECORD).is_file():  # a rerun of a round that finished training
         return read_train_record(model_dir)
@@ -270,14 +145,15 @@ class _Engine:
     trainer) and before sampling on Ray (the actors start their own).
     """
 
-    def __init__(self, backend: Backend | None, model: str) -> None:
+    def __init__(self, backend: Backend | None, model: str, start: EngineStarter) -> None:
         self.backend, self.model, self.owned = backend, model, False
+        self.start = start
 
     async def open(self, model: str) -> Backend:
         """An engine serving ``model``: the one open if it does, else a new one."""
         if self.backend is None or self.model != model:
             await self.close()
-            self.backend, self.model, self.owned = await _start(model), model, True
+            self.backend, self.model, self.owned = await self.start(model), model, True
         return self.backend
 
     async def close(self) -> None:
@@ -292,7 +168,8 @@ class _Engine:
 
 @dataclass
 class _Round:
-    """What one round's steps share: its number, directory and starting weights."""
+    """What one round's steps share: its number, directory and starting weights, and
+    what evaluates and trains."""
 
     config: LoopConfig
     number: int
@@ -300,6 +177,8 @@ class _Round:
     model: str
     progress: bool
     log: Callable[[str], None]
+    run_eval: EvalRunner
+    train: Trainer
 
     def eval_config(self, split: str, out: Path, model: str | None = None,
                     strategy: str | None = None) -> EvalConfig:
@@ -319,21 +198,21 @@ async def _sample(rnd: _Round, engine: _Engine, train_ex: list[Example], out: Pa
     if rnd.config.ray is not None:
         await engine.close()
     be = None if rnd.config.ray else await engine.open(rnd.model)
-    return await run_eval(rnd.eval_config("train", out, strategy=strategy), backend=be,
-                          examples=train_ex, progress=rnd.progress)
+    return await rnd.run_eval(rnd.eval_config("train", out, strategy=strategy), backend=be,
+                              examples=train_ex, progress=rnd.progress)
 
 
 async def _evaluate(rnd: _Round, engine: _Engine, test_ex: list[Example], model: str,
                     out: Path) -> tuple[Accuracy, Accuracy | None]:
     """Held-out accuracy of ``model``: the evaluation strategy, and the sampler if asked."""
     c, be = rnd.config, await engine.open(model)
-    plain = (await run_eval(rnd.eval_config("test", out / "eval", model), backend=be,
-                            examples=test_ex, progress=rnd.progress)).accuracy
+    plain = (await rnd.run_eval(rnd.eval_config("test", out / "eval", model), backend=be,
+                                examples=test_ex, progress=rnd.progress)).accuracy
     if not c.eval_sampler or c.strategy == c.eval_strategy:
         return plain, None
     cfg = rnd.eval_config("test", out / "eval-sampler", model, strategy=c.strategy)
-    return plain, (await run_eval(cfg, backend=be, examples=test_ex,
-                                  progress=rnd.progress)).accuracy
+    return plain, (await rnd.run_eval(cfg, backend=be, examples=test_ex,
+                                      progress=rnd.progress)).accuracy
 
 
 def _build_data(rnd: _Round, train_ex: list[Example], instruction: str | None,
@@ -375,7 +254,7 @@ async def _train_round(rnd: _Round, stats: BuildStats) -> TrainResult:
         "sft_path": str(rd / "sft.jsonl"), "out": str(rd / "model"), "base": rnd.model,
         "pairs_path": str(pairs_p) if c.pairs and stats.pairs else None,
         "progress": rnd.progress})
-    return await _train(tcfg, rd, c.isolate_training)
+    return await rnd.train(tcfg, rd, c.isolate_training)
 
 
 async def _teacher(rnd: _Round, engine: _Engine, train_ex: list[Example],
@@ -450,12 +329,15 @@ async def _teacher_backend(config: LoopConfig) -> Backend | None:
 
 
 async def run_loop(config: LoopConfig, *, backend: Backend | None = None,
-                   progress: bool = True,
-                   log: Callable[[str], None] = print) -> LoopReport:
+                   progress: bool = True, log: Callable[[str], None] = print,
+                   start_engine: EngineStarter = open_engine, trainer: Trainer = train_weights,
+                   eval_runner: EvalRunner = run_eval) -> LoopReport:
     """Run ``config.rounds`` rounds; see the module docstring.
 
     ``backend`` may be an engine already serving ``config.base`` (it is used for
-    the first round's sampling and baseline, and never closed here).
+    the first round's sampling and baseline, and never closed here). The loop
+    starts its other engines with ``start_engine``, trains with ``trainer`` and
+    samples and evaluates with ``eval_runner`` (tests pass stand-ins).
 
     Raises:
         DatasetError, SpecError: bad dataset or strategy (before any model work).
@@ -463,20 +345,20 @@ async def run_loop(config: LoopConfig, *, backend: Backend | None = None,
     """
     out, train_ex, test_ex = _prepare(config)
     report = LoopReport(config=config, eval_problems=len(test_ex))
-    model, engine = config.base, _Engine(backend, config.base)
+    model, engine = config.base, _Engine(backend, config.base, start_engine)
     teacher = await _teacher_backend(config)
     try:
         t = time.monotonic()
-        base = _Round(config, 0, out / "round-0", model, progress, log)
+        base = _Round(config, 0, out / "round-0", model, progress, log, eval_runner, trainer)
         before = await _evaluate(base, engine, test_ex, model, out / "round-0")
         log(f"round 0 ({model}): held-out {config.eval_strategy} accuracy {before[0]}"
             f"{f', sampler {before[1]}' if before[1] else ''} [{time.monotonic() - t:.0f}s]")
         for number in range(1, config.rounds + 1):
-            rnd = _Round(config, number, out / f"round-{number}", model, progress, log)
+            rnd = replace(base, number=number, dir=out / f"round-{number}", model=model)
             rnd.dir.mkdir(exist_ok=True)
             report.rounds.append(await _run_round(rnd, engine, train_ex, test_ex, before,
                                                   teacher))
-            _write_report(report, out)
+            write_report(report, out)
             log(report.markdown())
             last = report.rounds[-1]
             model, before = last.model_out, (last.accuracy_after, last.sampler_after)
@@ -494,15 +376,11 @@ async def loop(dataset: str = "arith", strategy: str = DEFAULT_SAMPLER, rounds: 
     """Run the loop with keyword settings (the other :class:`LoopConfig` fields in ``options``).
 
     Example:
-        >>> report = await loop("arith", "sc(pot, n=4)", rounds=2, out="runs/d",
-        ...                     train={"max_steps": 16})
-        >>> [r.accuracy_after.value for r in report.rounds]
+        >>> report = await loop("arith", "sc(pot, n=4)", rounds=2,  # doctest: +SKIP
+        ...                     out="runs/d", train={"max_steps": 16})
+        >>> [r.accuracy_after.value for r in report.rounds]  # doctest: +SKIP
     """
     config = LoopConfig(dataset=dataset, strategy=strategy, rounds=rounds,
                         train_size=train_size, eval_size=eval_size, **options)
     return await run_loop(config, backend=backend, progress=progress, log=log)
 
-
-def read_report(path: str | os.PathLike[str]) -> LoopReport:
-    """Read a ``loop.json`` back."""
-    return LoopReport.model_validate(json.loads(Path(path).read_text()))

@@ -2,27 +2,28 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from refinery.distill.dataset import build
-from refinery.distill.loop import loop, read_report
+from refinery.distill.loop import EvalRunner, run_loop
+from refinery.distill.loop_report import LoopConfig, LoopReport, read_report
 from refinery.distill.schema import DistillError, read_rows
 from refinery.distill.train import StageResult, TrainConfig, TrainResult
 from refinery.engine.models import DEFAULT_MODEL
-from refinery.eval.datasets import load_arith
+from refinery.eval.arith import load_arith
 from refinery.eval.runner import EvalConfig, run_eval
 from refinery.strategies.cot import INSTRUCTION
 from refinery.strategies.memory_store import MemoryStore
 from tests.scripted_backend import ScriptedBackend
 
-# `refinery.distill.loop` the attribute is the function (re-exported); the module is in sys.modules.
-loop_mod = importlib.import_module("refinery.distill.loop")
 N = 10
 GOLD = {e.prompt: (e.gold, e.level) for s in ("train", "test") for e in load_arith(s, limit=N)}
 
@@ -99,35 +100,49 @@ def sc_model(right_share: int) -> ScriptedBackend:
     return ScriptedBackend([(r".*", reply)])
 
 
-@pytest.fixture
-def fake_engine_and_trainer(monkeypatch):
-    """Engines are scripted models; training writes a stub checkpoint and a record."""
-    started, trained = [], []
+@dataclass
+class FakeParts:
+    """Stand-ins for the loop's engines and trainer: engines are scripted models (made by
+    ``model``); training writes a stub checkpoint and a record. ``started`` and ``trained``
+    say what the loop asked for."""
 
-    async def start(model: str):
-        started.append(model)
-        return sc_model(2)
+    model: Callable[[], ScriptedBackend] = lambda: sc_model(2)
+    started: list[str] = field(default_factory=list)
+    engines: list[ScriptedBackend] = field(default_factory=list)
+    trained: list[TrainConfig] = field(default_factory=list)
 
-    async def fake_train(cfg: TrainConfig, workdir: Path, isolate: bool) -> TrainResult:
-        trained.append(cfg)
+    async def start(self, model: str) -> ScriptedBackend:
+        self.started.append(model)
+        self.engines.append(self.model())
+        return self.engines[-1]
+
+    async def train(self, cfg: TrainConfig, workdir: Path, isolate: bool) -> TrainResult:
+        self.trained.append(cfg)
         os.makedirs(cfg.out)
         rows = read_rows(cfg.sft_path, "sft")
         stage = StageResult(rows=len(rows), expanded_rows=len(rows), steps=2, losses=[2.0, 1.5])
         return TrainResult(out=cfg.out, base=cfg.base, base_dir=cfg.base, config=cfg, sft=stage,
                            eval_loss_before=2.0, eval_loss_after=1.5)
 
-    monkeypatch.setattr(loop_mod, "_start", start)
-    monkeypatch.setattr(loop_mod, "_train", fake_train)
-    return started, trained
+    async def run(self, out: Path, *, rounds: int = 1, eval_size: int = N,
+                  log: Callable[[str], None] = lambda s: None,
+                  backend: ScriptedBackend | None = None, eval_runner: EvalRunner = run_eval,
+                  **settings: Any) -> LoopReport:
+        """The loop on arith with ``sc(cot, n=4)`` on these stand-ins; ``settings`` are
+        the other :class:`LoopConfig` fields."""
+        config = LoopConfig(dataset="arith", strategy="sc(cot, n=4)", rounds=rounds,
+                            train_size=N, eval_size=eval_size, out=str(out), **settings)
+        return await run_loop(config, backend=backend, progress=False, log=log,
+                              start_engine=self.start, trainer=self.train,
+                              eval_runner=eval_runner)
 
 
-async def test_loop_chains_rounds_and_writes_the_table(tmp_path, fake_engine_and_trainer) -> None:
-    started, trained = fake_engine_and_trainer
+async def test_loop_chains_rounds_and_writes_the_table(tmp_path) -> None:
+    parts = FakeParts()
+    started, trained = parts.started, parts.trained
     out = tmp_path / "loop"
     lines: list[str] = []
-    report = await loop("arith", "sc(cot, n=4)", rounds=2, train_size=N, eval_size=N,
-                        out=str(out), progress=False, log=lines.append,
-                        train={"max_steps": 2})
+    report = await parts.run(out, rounds=2, log=lines.append, train={"max_steps": 2})
     assert len(report.rounds) == 2
     r1, r2 = report.rounds
     # Each round trains from the previous round's weights and evaluates the new ones.
@@ -157,31 +172,22 @@ async def test_loop_chains_rounds_and_writes_the_table(tmp_path, fake_engine_and
     assert read_report(out / "loop.json").rounds[1].round == 2
 
 
-async def test_loop_gold_fallback_fills_rows_when_the_model_fails(tmp_path, monkeypatch,
-                                                                  fake_engine_and_trainer):
-    async def start(model: str):
-        return sc_model(0)  # never right
-
-    monkeypatch.setattr(loop_mod, "_start", start)
+async def test_loop_gold_fallback_fills_rows_when_the_model_fails(tmp_path) -> None:
+    parts = FakeParts(model=lambda: sc_model(0))  # never right
     with pytest.raises(DistillError, match="no verified SFT rows"):
-        await loop("arith", "sc(cot, n=4)", rounds=1, train_size=N, eval_size=4,
-                   out=str(tmp_path / "a"), progress=False, log=lambda s: None)
-    report = await loop("arith", "sc(cot, n=4)", rounds=1, train_size=N, eval_size=4,
-                        out=str(tmp_path / "b"), progress=False, log=lambda s: None,
-                        gold_fallback_rows=6)
+        await parts.run(tmp_path / "a", eval_size=4)
+    report = await parts.run(tmp_path / "b", eval_size=4, gold_fallback_rows=6)
     [r] = report.rounds
     assert r.gold_rows == 6 and r.build.sft_rows == 6
     rows = read_rows(tmp_path / "b" / "round-1" / "sft.jsonl", "sft")
     assert {x.metadata.verifier for x in rows} == {"gold"}
 
 
-async def test_loop_uses_the_callers_engine_for_the_base_and_leaves_it_open(
-        tmp_path, fake_engine_and_trainer) -> None:
-    started, _ = fake_engine_and_trainer
+async def test_loop_uses_the_callers_engine_for_the_base_and_leaves_it_open(tmp_path) -> None:
+    parts = FakeParts()
+    started = parts.started
     given = sc_model(2)
-    report = await loop("arith", "sc(cot, n=4)", rounds=1, train_size=N, eval_size=N,
-                        out=str(tmp_path / "loop"), backend=given, progress=False,
-                        log=lambda s: None)
+    report = await parts.run(tmp_path / "loop", backend=given)
     [r1] = report.rounds
     # The base model's baseline and sampling ran on the caller's engine; only the
     # trained weights got an engine of their own, and the caller's stays open.
@@ -190,16 +196,11 @@ async def test_loop_uses_the_callers_engine_for_the_base_and_leaves_it_open(
     assert r1.accuracy_before.n == N and r1.sample_accuracy.n == N
 
 
-async def test_loop_on_ray_closes_its_engine_before_sampling(tmp_path, monkeypatch,
-                                                             fake_engine_and_trainer) -> None:
+async def test_loop_on_ray_closes_its_engine_before_sampling(tmp_path) -> None:
     from refinery.eval.ray_pool import RayOptions
 
-    engines: list[ScriptedBackend] = []
-
-    async def start(model: str):
-        engines.append(sc_model(2))
-        return engines[-1]
-
+    parts = FakeParts()
+    engines = parts.engines
     seen: list[tuple[bool, bool, bool]] = []  # (on ray, backend given, every engine closed)
 
     async def fake_run_eval(config: EvalConfig, *, backend, examples, progress):
@@ -209,11 +210,8 @@ async def test_loop_on_ray_closes_its_engine_before_sampling(tmp_path, monkeypat
             config, backend = config.model_copy(update={"ray": None}), sc_model(2)
         return await run_eval(config, backend=backend, examples=examples, progress=progress)
 
-    monkeypatch.setattr(loop_mod, "_start", start)
-    monkeypatch.setattr(loop_mod, "run_eval", fake_run_eval)
-    await loop("arith", "sc(cot, n=4)", rounds=1, train_size=N, eval_size=N,
-               out=str(tmp_path / "loop"), progress=False, log=lambda s: None,
-               ray=RayOptions(replicas=2), eval_sampler=False)
+    await parts.run(tmp_path / "loop", eval_runner=fake_run_eval, ray=RayOptions(replicas=2),
+                    eval_sampler=False)
     # Baseline on the base engine; sampling on "Ray" with that engine closed and none
     # passed; the trained weights' evaluation on a new engine, closed at the end.
     assert seen == [(False, True, False), (True, False, True), (False, True, False)]
@@ -232,18 +230,11 @@ def pmd_model() -> ScriptedBackend:
     return ScriptedBackend([(r".*", reply)])
 
 
-async def test_a_pmd_round_remembers_then_trains_on_the_teachers_run(
-        tmp_path, fake_engine_and_trainer, monkeypatch) -> None:
-    started, trained = fake_engine_and_trainer
-
-    async def start(model: str):
-        started.append(model)
-        return pmd_model()
-
-    monkeypatch.setattr(loop_mod, "_start", start)
+async def test_a_pmd_round_remembers_then_trains_on_the_teachers_run(tmp_path) -> None:
+    parts = FakeParts(model=pmd_model)
+    trained = parts.trained
     out = tmp_path / "loop"
-    report = await loop("arith", "sc(cot, n=4)", rounds=2, train_size=N, eval_size=N,
-                        out=str(out), progress=False, log=lambda s: None, pmd=True)
+    report = await parts.run(out, rounds=2, pmd=True)
     r1, r2 = report.rounds
     stores = [MemoryStore.load(out / f"round-{k}" / "memory") for k in (1, 2)]
     # Round 2's store carries round 1's trajectories forward.
