@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from refinery.engine.context import LoopPolicy
-from refinery.engine.models import DEFAULT_MODEL
+from refinery.engine.models import DEFAULT_MODEL, refinery_home
 
 EngineDeathPolicy = Literal["exit", "restart"]
 
@@ -101,6 +101,12 @@ class ServerConfig:
     rebinding); ``*`` accepts any. Set by ``--allowed-hosts`` of ``refinery serve``
     and ``refinery ui``; by default ``REFINERY_ALLOWED_HOSTS`` (comma-separated), for
     a reverse proxy on the same machine.
+
+    ``store`` is the SQLite file of stored Responses and conversations (by
+    default ``$REFINERY_HOME/responses.sqlite3``; None: nothing is stored, and
+    ``previous_response_id`` and ``conversation`` are refused); a stored row
+    expires ``store_ttl_seconds`` after it was written (OpenAI keeps responses 30
+    days).
     """
 
     model: str = DEFAULT_MODEL
@@ -125,6 +131,8 @@ class ServerConfig:
     engine_check_seconds: float = 0.5
     graceful_timeout: float = 30.0
     allowed_hosts: frozenset[str] = field(default_factory=lambda: load_allowed_hosts())
+    store: Path | None = field(default_factory=lambda: refinery_home() / "responses.sqlite3")
+    store_ttl_seconds: float = 30 * 24 * 3600.0
 
 
 def load_api_keys(path: str | os.PathLike[str] | None = None) -> frozenset[str]:

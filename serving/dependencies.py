@@ -224,6 +224,23 @@ async def authorize(request: Request, state: State) -> None:
     check_key(request, state.config.api_keys, session_ok=is_same_origin(request.headers))
 
 
+def caller_scope(request: Request, state: State) -> str:
+    """Whose stored responses and conversations a request sees: the identity of the
+    key it was let in with (its bearer key, or its session's), ``""`` on a server
+    without keys. A route that uses it also depends on :func:`authorize`."""
+    keys = state.config.api_keys
+    if not keys:
+        return ""
+    bearer = bearer_key(request)
+    if bearer is not None and key_accepted(bearer, keys):
+        return key_identity(bearer)
+    token = request.cookies.get(session_cookie(request))
+    return sessions_of(request.app).key_id(token) or ""
+
+
+Scope = Annotated[str, Depends(caller_scope)]
+
+
 async def admit(state: State) -> AsyncIterator[None]:
     """Hold a capacity slot for the whole request, a stream until its last event.
 

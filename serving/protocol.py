@@ -19,7 +19,9 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     field_validator,
     model_serializer,
+    model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from refinery.engine.types import TokenLogprob
 
@@ -59,6 +61,24 @@ def unicode_text(value: Any) -> Any:
     return value
 
 
+# Content part types with text in them (chat's, then the Responses API's).
+TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
+IMAGE_PARTS = frozenset({"image_url", "input_image", "image"})
+
+
+def text_only(part: Any) -> Any:
+    """Refuse a content part that is not text: the served model reads text only, and a
+    part dropped unread would answer a question the client did not ask."""
+    if part.type in IMAGE_PARTS:
+        raise PydanticCustomError("text_only", "a part of type {kind}: this model takes "
+                                  "text only", {"kind": part.type})
+    if part.type not in TEXT_PARTS:
+        raise PydanticCustomError("text_only", "a part of type {kind}, which is not "
+                                  "supported: send text parts ({known})", {
+                                      "kind": part.type, "known": ", ".join(sorted(TEXT_PARTS))})
+    return part
+
+
 OPTILLM_APPROACH = ("OptiLLM's approach (e.g. 'moa', 'bon'), as OptiLLM clients send it via "
                     "extra_body: run as the refinery strategy it maps to. 'none' is "
                     "passthrough, 'auto' leaves the choice to the model field; "
@@ -84,10 +104,13 @@ class OpenAIBase(BaseModel):
 # -- requests ----------------------------------------------------------------------------
 
 class ContentPart(OpenAIBase):
+    """A part of a message's content: text (other kinds are refused: ``text_only``)."""
+
     type: str
     text: str | None = None
 
     _text = field_validator("text")(unicode_text)
+    _only_text = model_validator(mode="after")(text_only)
 
 
 class FunctionCall(OpenAIBase):
@@ -104,11 +127,12 @@ class ToolCall(OpenAIBase):
 
 
 class ChatMessage(OpenAIBase):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
+    function_call: FunctionCall | None = None  # legacy: an assistant's earlier call
 
     _text = field_validator("content", "name", "tool_call_id")(unicode_text)
 
@@ -136,6 +160,24 @@ class NamedToolChoice(OpenAIBase):
 
     type: Literal["function"]
     function: FunctionName
+
+
+class AllowedTools(OpenAIBase):
+    """The tools a request lets the model use, out of those it lists: ``auto`` may
+    call one of them, ``required`` must."""
+
+    mode: Literal["auto", "required"]
+    tools: list[NamedToolChoice] = Field(min_length=1)
+
+
+class AllowedToolsChoice(OpenAIBase):
+    """``tool_choice`` ``{"type": "allowed_tools", "allowed_tools": {...}}``."""
+
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice
 
 
 class JsonSchemaFormat(OpenAIBase):
@@ -229,11 +271,15 @@ class ChatCompletionRequest(VLLMStructuredFields):
     stream: bool = False
     stream_options: StreamOptions | None = None
     temperature: float | None = Field(None, ge=0.0, le=2.0)
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: ToolChoice | None = None
     tools: list[ChatTool] | None = Field(None, min_length=1)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     user: str | None = None
+    functions: list[FunctionDefinition] | None = Field(
+        None, min_length=1, description="Legacy tools: answered as message.function_call.")
+    function_call: Literal["none", "auto"] | FunctionName | None = Field(
+        None, description="Legacy tool_choice, with functions.")
     # -- refinery extensions -----------------------------------------------------------
     refinery: RefineryOptions | None = Field(
         None, description="Strategy, budget and trace options (send via extra_body).")
@@ -308,6 +354,8 @@ class ResponseMessage(BaseModel):
     content: str | None = None
     refusal: str | None = None
     tool_calls: list[ToolCall] | None = None
+    function_call: FunctionCall | None = Field(
+        None, description="The legacy form of the call, when the request sent functions.")
     reasoning_content: str | None = None
 
     @model_serializer(mode="wrap")
@@ -364,6 +412,7 @@ class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
+    function_call: DeltaFunctionCall | None = None  # legacy functions
     reasoning_content: str | None = None
 
 

@@ -12,7 +12,9 @@ becomes the Responses event sequence (``ResponsesStream``).
 
 Under a strategy, its steps are a ``reasoning`` output item (one summary text a
 step) before the ``message`` item; on passthrough there is no reasoning item.
-Nothing is stored: ``previous_response_id`` and ``background`` are refused.
+Earlier turns (``previous_response_id``, ``conversation``) come before the input,
+and the finished response is kept, by the request's ``Thread``
+(serving/conversations.py); ``background`` is refused.
 
 Example:
     >>> chat = chat_request(ResponsesRequest(model="m", input="hi", instructions="Be brief."))
@@ -26,10 +28,13 @@ from collections.abc import AsyncIterator, Iterator
 
 from pydantic import BaseModel
 
-from refinery.engine.errors import InvalidRequestError, RefineryError
+from refinery.engine.errors import InvalidRequestError
 from refinery.engine.trace import Trace
+from refinery.serving.conversations import Thread
 from refinery.serving.endpoints import ChatEndpoint, OnError, ResponseHead
 from refinery.serving.protocol import (
+    AllowedTools,
+    AllowedToolsChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatMessage,
@@ -46,7 +51,11 @@ from refinery.serving.protocol import (
     ToolCall,
 )
 from refinery.serving.responses_protocol import (
+    AllowedToolsChoice as ResponsesAllowedTools,
+)
+from refinery.serving.responses_protocol import (
     FunctionCallItem,
+    InputContent,
     InputItem,
     MessageItem,
     OutputItem,
@@ -59,67 +68,71 @@ from refinery.serving.responses_protocol import (
 from refinery.serving.responses_stream import ResponsesStream, finished, item_id, usage
 from refinery.serving.service import Outcome
 from refinery.serving.streaming import reasoning_text
+from refinery.serving.tool_forms import plain_tools
 
-__all__ = ["ResponsesEndpoint", "chat_request"]
+__all__ = ["PARAMS", "ResponsesEndpoint", "chat_request"]
 
 # Chat field names in errors, as the Responses request calls them.
 PARAMS = {"messages": "input", "response_format": "text.format",
           "max_completion_tokens": "max_output_tokens", "reasoning_effort": "reasoning.effort"}
 
 
-def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat request ``req`` means.
+def chat_request(req: ResponsesRequest,
+                 items: list[InputItem] | None = None) -> ChatCompletionRequest:
+    """The chat request ``req`` means, reading ``items`` (the earlier turns' and its
+    own: ``Thread.items``) as its input if given.
 
     Raises:
-        InvalidRequestError: stored-response features, a non-function tool, an
-            input item refinery cannot read.
+        InvalidRequestError: background, a non-function tool, an input item
+            refinery cannot read.
     """
-    if req.previous_response_id is not None:
-        raise InvalidRequestError("previous_response_id needs stored responses, and this "
-                                  "server stores none: send the whole conversation in input",
-                                  param="previous_response_id")
     if req.background:
-        raise InvalidRequestError("background responses are not supported (nothing is "
-                                  "stored to poll)", param="background")
+        raise InvalidRequestError("background responses are not supported (nothing "
+                                  "runs after the request ends)", param="background")
     messages = [ChatMessage(role="system", content=req.instructions)] if req.instructions else []
-    messages += input_messages(req.input)
+    messages += input_messages(req.input if items is None else items)
     if not messages:
         raise InvalidRequestError("input has no message", param="input")
     effort = req.reasoning.effort if req.reasoning else None
-    return ChatCompletionRequest(
+    return plain_tools(ChatCompletionRequest(
         model=req.model, messages=messages, max_completion_tokens=req.max_output_tokens,
         temperature=req.temperature, top_p=req.top_p, stream=req.stream,
         stream_options=StreamOptions(include_usage=True) if req.stream else None,
         response_format=response_format(req), tools=chat_tools(req), user=req.user,
         tool_choice=tool_choice(req), parallel_tool_calls=req.parallel_tool_calls,
-        reasoning_effort=effort, refinery=req.refinery, optillm_approach=req.optillm_approach)
+        reasoning_effort=effort, refinery=req.refinery, optillm_approach=req.optillm_approach))
 
 
-def input_messages(value: str | list[InputItem]) -> list[ChatMessage]:
+def input_messages(value: str | list[InputItem], param: str = "input") -> list[ChatMessage]:
+    """Input items as chat messages (``param``: how errors name the list)."""
     if isinstance(value, str):
         return [ChatMessage(role="user", content=value)]
     out: list[ChatMessage] = []
     for i, item in enumerate(value):
         if item.type == "message":
             if item.role is None:
-                raise InvalidRequestError("a message needs a role", param=f"input.{i}.role")
-            content = item.content
-            if isinstance(content, list):  # input_text, and output_text of earlier turns
-                content = [ContentPart(type="text", text=p.text) for p in content
-                           if p.type in ("input_text", "output_text", "text")]
-            out.append(ChatMessage(role=item.role, content=content))
+                raise InvalidRequestError("a message needs a role", param=f"{param}[{i}].role")
+            out.append(ChatMessage(role=item.role, content=chat_content(item.content)))
         elif item.type == "function_call":
             call = ToolCall(id=item.call_id or "", function=FunctionCall(
                 name=item.name or "", arguments=item.arguments or "{}"))
             out.append(ChatMessage(role="assistant", tool_calls=[call]))
         elif item.type == "function_call_output":
             out.append(ChatMessage(role="tool", tool_call_id=item.call_id,
-                                   content=item.output or ""))
+                                   content=chat_content(item.output) or ""))
         elif item.type != "reasoning":  # earlier reasoning is not replayed to the model
             raise InvalidRequestError(f"input item type {item.type!r} is not supported "
                                       "(message, function_call, function_call_output, "
-                                      "reasoning)", param=f"input.{i}.type")
+                                      "reasoning)", param=f"{param}[{i}].type")
     return out
+
+
+def chat_content(content: str | list[InputContent] | None) -> str | list[ContentPart] | None:
+    """Item content as chat content: its text parts (the only kind the schema lets in:
+    ``input_text``, and ``output_text`` of earlier turns) as chat text parts."""
+    if not isinstance(content, list):
+        return content
+    return [ContentPart(type="text", text=p.text) for p in content]
 
 
 def response_format(req: ResponsesRequest) -> ResponseFormat | None:
@@ -140,8 +153,8 @@ def chat_tools(req: ResponsesRequest) -> list[ChatTool] | None:
     for i, t in enumerate(req.tools):
         if t.type != "function" or not t.name:
             raise InvalidRequestError(
-                f"tools.{i}: only function tools with a name are supported, not "
-                f"{t.type!r}", param=f"tools.{i}")
+                f"tools[{i}]: only function tools with a name are supported, not "
+                f"{t.type!r}", param=f"tools[{i}]")
         tools.append(ChatTool(type="function", function=FunctionDefinition(
             name=t.name, description=t.description, parameters=t.parameters,
             strict=t.strict)))
@@ -149,10 +162,23 @@ def chat_tools(req: ResponsesRequest) -> list[ChatTool] | None:
 
 
 def tool_choice(req: ResponsesRequest):
+    """The chat ``tool_choice`` of ``req``: a mode, a named function, or allowed tools."""
     choice = req.tool_choice
     if choice is None or isinstance(choice, str):
         return choice
-    return NamedToolChoice(type="function", function=FunctionName(name=choice.name))
+    if isinstance(choice, ResponsesAllowedTools):
+        return AllowedToolsChoice(type="allowed_tools", allowed_tools=AllowedTools(
+            mode=choice.mode, tools=[named(t.name, t.type, f"tool_choice.tools[{j}]")
+                                     for j, t in enumerate(choice.tools)]))
+    return named(choice.name)
+
+
+def named(name: str | None, kind: str = "function",
+          param: str = "tool_choice") -> NamedToolChoice:
+    if kind != "function" or not name:
+        raise InvalidRequestError(f"only function tools with a name can be chosen, not "
+                                  f"{kind!r}", param=param)
+    return NamedToolChoice(type="function", function=FunctionName(name=name))
 
 
 def steps_of(trace: Trace) -> list[str]:
@@ -169,8 +195,9 @@ class ResponsesEndpoint(ChatEndpoint):
     id_prefix = "resp"
     separator = "_"
 
-    def __init__(self, request: ResponsesRequest):
+    def __init__(self, request: ResponsesRequest, thread: Thread | None = None):
         self.request = request
+        self.thread = thread
 
     def shell(self, head: ResponseHead, **fields) -> ResponseObject:
         """The response object with the request's fields echoed, as OpenAI's is."""
@@ -183,7 +210,11 @@ class ResponsesEndpoint(ChatEndpoint):
             text={"format": fmt}, tool_choice=r.tool_choice or "auto",
             tools=[t.model_dump(exclude_none=True) for t in r.tools or []],
             parallel_tool_calls=r.parallel_tool_calls is not False,
-            reasoning=r.reasoning or {}, metadata=r.metadata or {}, user=r.user, **fields)
+            reasoning=r.reasoning or {}, metadata=r.metadata or {}, user=r.user,
+            store=self.thread is not None and self.thread.stores,
+            previous_response_id=r.previous_response_id,
+            conversation={"id": self.thread.conversation} if (
+                self.thread and self.thread.conversation) else None, **fields)
 
     def response(self, head: ResponseHead, outcome: Outcome,
                  info: RefineryInfo) -> ResponseObject:
@@ -194,13 +225,20 @@ class ResponsesEndpoint(ChatEndpoint):
             output.append(ReasoningItem(id=item_id("rs"), summary=[
                 SummaryText(text=s) for s in steps]))
         output += answer_items(chat)
-        return self.shell(head, **finished(chat.choices[0].finish_reason), output=output,
+        done = self.shell(head, **finished(chat.choices[0].finish_reason), output=output,
                           usage=usage(chat.usage), refinery=info)
+        self.keep(done)
+        return done
 
     def streamed(self, head: ResponseHead, chunks: AsyncIterator[BaseModel | str]
                  ) -> tuple[AsyncIterator[BaseModel | str], OnError]:
-        stream = ResponsesStream(self.shell, head)
+        stream = ResponsesStream(self.shell, head, on_done=self.keep)
         return stream.events(chunks), stream.failed
+
+    def keep(self, response: ResponseObject) -> None:
+        """The finished response, stored and appended where its thread says."""
+        if self.thread is not None:
+            self.thread.keep(response)
 
 
 def answer_items(chat: ChatCompletionResponse) -> Iterator[OutputItem]:
@@ -215,10 +253,3 @@ def answer_items(chat: ChatCompletionResponse) -> Iterator[OutputItem]:
     yield MessageItem(id=item_id("msg"), status=status,
                       content=[OutputText(text=message.content or "")])
 
-
-def renamed(exc: RefineryError) -> RefineryError:
-    """``exc`` naming the Responses field where it names a chat one."""
-    if exc.param is not None:
-        head, _, rest = exc.param.partition(".")
-        exc.param = PARAMS.get(head, head) + (f".{rest}" if rest else "")
-    return exc

@@ -2,16 +2,18 @@
 models only).
 
 Fields follow OpenAI's. Unknown request fields are accepted and ignored, as on
-the chat route; refinery's own extensions sit in one marked block. Responses are
-not stored: ``store`` is accepted and answered ``false``, ``previous_response_id``
-and ``background`` are refused (serving/responses.py).
+the chat route; refinery's own extensions sit in one marked block. A response is
+stored unless the request says ``store: false`` (or the server has no store);
+``previous_response_id`` and ``conversation`` continue stored turns
+(serving/conversations.py); ``background`` is refused. The Conversations API's
+models are here too.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from refinery.serving.protocol import (
     OPTILLM_APPROACH,
@@ -20,6 +22,7 @@ from refinery.serving.protocol import (
     OpenAIBase,
     RefineryInfo,
     RefineryOptions,
+    text_only,
     unicode_text,
 )
 
@@ -27,25 +30,29 @@ from refinery.serving.protocol import (
 
 
 class InputContent(OpenAIBase):
-    """A part of an input message: ``input_text`` (or an earlier ``output_text``)."""
+    """A part of an input message or a function call's output: ``input_text`` (or an
+    earlier ``output_text``); other kinds are refused (``text_only``)."""
 
     type: str
     text: str | None = None
 
     _text = field_validator("text")(unicode_text)
+    _only_text = model_validator(mode="after")(text_only)
 
 
 class InputItem(OpenAIBase):
     """One item of ``input``: a message (``type`` ``message`` or absent), a function
-    call the model made earlier, or its output; ``reasoning`` items are skipped."""
+    call the model made earlier, or its output (text, or text parts); ``reasoning``
+    items are skipped. Stored items carry an ``id``; other fields are kept as sent."""
 
     type: str = "message"
+    id: str | None = None
     role: Literal["system", "developer", "user", "assistant"] | None = None
     content: str | list[InputContent] | None = None
     call_id: str | None = None  # function_call, function_call_output
     name: str | None = None  # function_call
     arguments: str | None = None  # function_call
-    output: str | None = None  # function_call_output
+    output: str | list[InputContent] | None = None  # function_call_output
 
     _text = field_validator("content", "name", "arguments", "output", "call_id")(unicode_text)
 
@@ -79,6 +86,26 @@ class FunctionChoice(OpenAIBase):
     name: str
 
 
+class ToolRef(OpenAIBase):
+    """A tool an ``allowed_tools`` choice names: ``{"type": "function", "name": ...}``."""
+
+    type: str
+    name: str | None = None
+
+
+class AllowedToolsChoice(OpenAIBase):
+    """``tool_choice`` ``{"type": "allowed_tools", "mode": ..., "tools": [...]}``: the
+    model may use only these of the request's tools."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[ToolRef] = Field(min_length=1)
+
+
+class ConversationRef(OpenAIBase):
+    id: str = Field(min_length=1)
+
+
 class ReasoningOptions(OpenAIBase):
     effort: Effort | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
@@ -94,11 +121,17 @@ class ResponsesRequest(OpenAIBase):
     stream: bool = False
     text: TextOptions | None = None
     tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    tool_choice: (Literal["none", "auto", "required"] | FunctionChoice | AllowedToolsChoice
+                  | None) = None
     parallel_tool_calls: bool | None = None
     reasoning: ReasoningOptions | None = None
-    store: bool | None = Field(None, description="Accepted; responses are never stored.")
-    previous_response_id: str | None = Field(None, description="Refused: nothing is stored.")
+    store: bool | None = Field(None, description="false: not stored (default: stored).")
+    previous_response_id: str | None = Field(
+        None, description="A stored response this one continues: its input and output "
+        "come before this input (not its instructions).")
+    conversation: str | ConversationRef | None = Field(
+        None, description="A conversation (conv_...) whose items come before this input; "
+        "this input and the output are appended to it.")
     background: bool | None = Field(None, description="Refused when true.")
     metadata: dict[str, str] | None = None
     user: str | None = None
@@ -107,7 +140,8 @@ class ResponsesRequest(OpenAIBase):
         None, description="Strategy, budget and trace options (send via extra_body).")
     optillm_approach: str | None = Field(None, description=OPTILLM_APPROACH)
 
-    _text = field_validator("model", "input", "instructions", "optillm_approach")(unicode_text)
+    _text = field_validator("model", "input", "instructions", "optillm_approach",
+                            "previous_response_id")(unicode_text)
 
 
 # -- responses ---------------------------------------------------------------------------
@@ -195,7 +229,8 @@ class ResponseObject(BaseModel):
     model: str
     output: list[OutputItem] = Field(default_factory=list)
     parallel_tool_calls: bool = True
-    previous_response_id: None = None
+    previous_response_id: str | None = None
+    conversation: ConversationRef | None = None
     reasoning: ReasoningOptions = Field(default_factory=ReasoningOptions)
     store: bool = False
     temperature: float | None = None
@@ -209,6 +244,47 @@ class ResponseObject(BaseModel):
     user: str | None = None
     # -- refinery extensions -----------------------------------------------------------
     refinery: RefineryInfo | None = None
+
+
+# -- conversations ----------------------------------------------------------------------
+
+
+class ConversationRequest(OpenAIBase):
+    """``POST /v1/conversations``: up to 20 first items, metadata."""
+
+    items: list[InputItem] | None = Field(None, max_length=20)
+    metadata: dict[str, str] | None = None
+
+
+class ItemsRequest(OpenAIBase):
+    """``POST /v1/conversations/{id}/items``: up to 20 items to append."""
+
+    items: list[InputItem] = Field(min_length=1, max_length=20)
+
+
+class ConversationObject(BaseModel):
+    id: str
+    object: Literal["conversation"] = "conversation"
+    created_at: int
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class Deleted(BaseModel):
+    """What a DELETE answers: ``object`` is ``response`` or ``conversation.deleted``."""
+
+    id: str
+    object: str
+    deleted: bool = True
+
+
+class ItemList(BaseModel):
+    """A page of items (a conversation's, or the input a response read)."""
+
+    object: Literal["list"] = "list"
+    data: list[InputItem]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool = False
 
 
 # -- stream events -----------------------------------------------------------------------

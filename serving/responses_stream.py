@@ -14,14 +14,18 @@ events, each ``event: <type>`` and ``data: {json}`` with a ``sequence_number``:
                  function_call_arguments.done, output_item.done
     response.completed (or response.incomplete at max_output_tokens)
 
+The finished response (the one ``response.completed`` carries) is handed to
+``on_done`` before that event is sent: a client that reads the event and
+continues the response at once finds it stored.
+
 On a failure after the stream began, ``failed`` gives an ``error`` event and
 ``response.failed``; ``sse`` ends every stream with ``data: [DONE]``, which the
 official client reads as the end.
 
 Example:
-    >>> stream = ResponsesStream(endpoint.shell, head)
-    >>> async for event in sse(stream.events(chunks), stream.failed):
-    ...     print(event, end="")
+    >>> stream = ResponsesStream(endpoint.shell, head)  # doctest: +SKIP
+    >>> async for event in sse(stream.events(chunks), stream.failed):  # doctest: +SKIP
+    ...     print(event, end="")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -89,8 +93,9 @@ class Open:
 class ResponsesStream:
     """One request's event writer (its state is this stream's: one instance a stream)."""
 
-    def __init__(self, shell: Shell, head: ResponseHead):
-        self.shell, self.head = shell, head
+    def __init__(self, shell: Shell, head: ResponseHead,
+                 on_done: Callable[[ResponseObject], None] | None = None):
+        self.shell, self.head, self.on_done = shell, head, on_done
         self.seq = 0
         self.output: list[OutputItem] = []
         self.open: Open | None = None
@@ -130,7 +135,9 @@ class ResponsesStream:
             yield from self.close()
             status = finished(self.finish)
             done = self.shell(self.head, **status, output=self.output,
-                                       usage=usage(chunk.usage), refinery=chunk.refinery)
+                              usage=usage(chunk.usage), refinery=chunk.refinery)
+            if self.on_done is not None:
+                self.on_done(done)
             kind = "response.incomplete" if status["status"] == "incomplete" else \
                 "response.completed"
             yield self.event(kind, response=done)

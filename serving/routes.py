@@ -1,21 +1,21 @@
 """The HTTP routes: thin, each one a call into the serve path or the state.
 
 Example:
-    >>> app.include_router(router)
+    >>> app.include_router(router)  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 
-from refinery.engine.errors import BackendUnavailableError, NotFoundError, RefineryError
-from refinery.strategies.spec import worst_case_calls
-from refinery.serving.dependencies import State, admit, authorize
-from refinery.serving.endpoints import CHAT, COMPLETION
-from refinery.serving.errors import error_response
+from refinery.engine.errors import BackendUnavailableError, RefineryError
+from refinery.serving.conversations import Thread, found, page, stored_items, the_store
+from refinery.serving.dependencies import Scope, State, admit, authorize
+from refinery.serving.endpoints import COMPLETION
+from refinery.serving.errors import error_response, renamed
 from refinery.serving.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -25,10 +25,20 @@ from refinery.serving.protocol import (
     ModelCard,
     ModelList,
 )
-from refinery.serving.responses import ResponsesEndpoint, chat_request, renamed
-from refinery.serving.responses_protocol import ResponseObject, ResponsesRequest
+from refinery.serving.responses import PARAMS, ResponsesEndpoint, chat_request, input_messages
+from refinery.serving.responses_protocol import (
+    ConversationObject,
+    ConversationRequest,
+    Deleted,
+    ItemList,
+    ItemsRequest,
+    ResponseObject,
+    ResponsesRequest,
+)
 from refinery.serving.serve import serve
+from refinery.serving.tool_forms import LEGACY_PARAMS, endpoint_for, plain_tools
 from refinery.strategies import build_with_graph
+from refinery.strategies.spec import worst_case_calls
 
 # What the OpenAPI schema documents (and Schemathesis checks answers against): every
 # error is the OpenAI error body, never FastAPI's default 422 shape.
@@ -38,6 +48,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 SSE = {"text/event-stream": {"schema": {  # one server-sent event: data is a JSON chunk
     "type": "object", "required": ["data"], "properties": {"data": {"type": "string"}}}}}
 COMPLETIONS = [Depends(authorize), Depends(admit)]
+AUTHORIZED = [Depends(authorize)]
+# An item list's paging, as OpenAI's: newest first unless order=asc, from after an id.
+Limit = Annotated[int, Query(ge=1, le=100)]
+Order = Literal["asc", "desc"]
 
 router = APIRouter()
 
@@ -46,7 +60,12 @@ router = APIRouter()
     200: {"model": ChatCompletionResponse, "content": SSE}, **ERRORS})
 async def chat_completions(req: ChatCompletionRequest, request: Request,
                            state: State) -> Response:
-    return await serve(request, req, CHAT, state)
+    """Chat; allowed tools and legacy functions served as the plain tools they mean
+    (serving/tool_forms.py), answered in the form asked."""
+    try:
+        return await serve(request, plain_tools(req), endpoint_for(req), state)
+    except RefineryError as exc:
+        raise (renamed(exc, LEGACY_PARAMS) if req.functions is not None else exc) from None
 
 
 @router.post("/v1/completions", dependencies=COMPLETIONS, responses={
@@ -57,19 +76,84 @@ async def completions(req: CompletionRequest, request: Request, state: State) ->
 
 @router.post("/v1/responses", dependencies=COMPLETIONS, responses={
     200: {"model": ResponseObject, "content": SSE}, **ERRORS})
-async def responses(req: ResponsesRequest, request: Request, state: State) -> Response:
-    """The Responses API on the chat serve path (serving/responses.py)."""
+async def responses(req: ResponsesRequest, request: Request, state: State,
+                    scope: Scope) -> Response:
+    """The Responses API on the chat serve path (serving/responses.py), after the
+    turns it continues (serving/conversations.py)."""
     try:
-        return await serve(request, chat_request(req), ResponsesEndpoint(req), state)
+        thread = Thread.of(req, state.store, scope)
+        return await serve(request, chat_request(req, thread.items),
+                           ResponsesEndpoint(req, thread), state)
     except RefineryError as exc:
-        raise renamed(exc) from None
+        raise renamed(exc, PARAMS) from None
 
 
-@router.get("/v1/responses/{response_id}", dependencies=[Depends(authorize)],
-            responses=ERRORS)
-async def stored_response(response_id: str) -> Response:
-    raise NotFoundError(f"response {response_id!r} was not stored: this server stores no "
-                        "responses", param="response_id")
+@router.get("/v1/responses/{response_id}", dependencies=AUTHORIZED, responses=ERRORS,
+            response_model_exclude_none=True)
+async def stored_response(response_id: str, state: State, scope: Scope) -> ResponseObject:
+    return found(the_store(state.store).response(response_id, scope), "Response",
+                 response_id).response
+
+
+@router.get("/v1/responses/{response_id}/input_items", dependencies=AUTHORIZED,
+            responses=ERRORS, response_model_exclude_none=True)
+async def response_input_items(response_id: str, state: State, scope: Scope,
+                               limit: Limit = 20, order: Order = "desc",
+                               after: str | None = None) -> ItemList:
+    """The items the response read: the turns it continued, then its own input."""
+    stored = found(the_store(state.store).response(response_id, scope), "Response",
+                   response_id)
+    return page(stored.context, limit, order, after)
+
+
+@router.delete("/v1/responses/{response_id}", dependencies=AUTHORIZED, responses=ERRORS)
+async def delete_response(response_id: str, state: State, scope: Scope) -> Deleted:
+    found(the_store(state.store).delete_response(response_id, scope) or None, "Response",
+          response_id)
+    return Deleted(id=response_id, object="response")
+
+
+@router.post("/v1/conversations", dependencies=AUTHORIZED, responses=ERRORS)
+async def create_conversation(req: ConversationRequest, state: State,
+                              scope: Scope) -> ConversationObject:
+    items = stored_items(req.items or [])
+    input_messages(items, param="items")  # an item no turn could read is refused now
+    return the_store(state.store).create_conversation(scope, req.metadata or {}, items)
+
+
+@router.get("/v1/conversations/{conversation_id}", dependencies=AUTHORIZED, responses=ERRORS)
+async def conversation(conversation_id: str, state: State, scope: Scope) -> ConversationObject:
+    return found(the_store(state.store).conversation(conversation_id, scope), "Conversation",
+                 conversation_id)
+
+
+@router.delete("/v1/conversations/{conversation_id}", dependencies=AUTHORIZED,
+               responses=ERRORS)
+async def delete_conversation(conversation_id: str, state: State, scope: Scope) -> Deleted:
+    found(the_store(state.store).delete_conversation(conversation_id, scope) or None,
+          "Conversation", conversation_id)
+    return Deleted(id=conversation_id, object="conversation.deleted")
+
+
+@router.get("/v1/conversations/{conversation_id}/items", dependencies=AUTHORIZED,
+            responses=ERRORS, response_model_exclude_none=True)
+async def conversation_items(conversation_id: str, state: State, scope: Scope,
+                             limit: Limit = 20, order: Order = "desc",
+                             after: str | None = None) -> ItemList:
+    items = the_store(state.store).conversation_items(conversation_id, scope)
+    return page(found(items, "Conversation", conversation_id), limit, order, after)
+
+
+@router.post("/v1/conversations/{conversation_id}/items", dependencies=AUTHORIZED,
+             responses=ERRORS, response_model_exclude_none=True)
+async def add_conversation_items(conversation_id: str, req: ItemsRequest, state: State,
+                                 scope: Scope) -> ItemList:
+    """Append items; the answer lists the added items, as stored (with their ids)."""
+    items = stored_items(req.items)
+    input_messages(items, param="items")
+    found(the_store(state.store).append_items(conversation_id, scope, items) or None,
+          "Conversation", conversation_id)
+    return page(items, limit=len(items), order="asc")
 
 
 @router.get("/v1/models", dependencies=[Depends(authorize)], responses=ERRORS)

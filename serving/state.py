@@ -1,9 +1,9 @@
 """The server's state: one typed object on ``app.state.server``, not closures.
 
 Example:
-    >>> state = ServerState.create(ServerConfig(), backend)
-    >>> with state.capacity.slot():
-    ...     outcome = await state.service.run(state.service.prepare(request))
+    >>> state = ServerState.create(ServerConfig(), backend)  # doctest: +SKIP
+    >>> with state.capacity.slot():  # doctest: +SKIP
+    ...     outcome = await state.service.run(state.service.prepare(request))  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from refinery.engine.errors import OverCapacityError
 from refinery.serving.config import ServerConfig
 from refinery.serving.metrics import Metrics
 from refinery.serving.service import Service
+from refinery.serving.store import ResponseStore
 
 
 class Capacity:
@@ -54,15 +55,19 @@ class Capacity:
 
 @dataclass
 class ServerState:
-    """Everything the routes share: settings, the service, metrics and capacity."""
+    """Everything the routes share: settings, the service, metrics, capacity and the
+    response store (None: the server stores nothing)."""
 
     config: ServerConfig
     service: Service
     metrics: Metrics
     capacity: Capacity
+    store: ResponseStore | None = None
 
     @classmethod
     def create(cls, config: ServerConfig, backend: Backend | None = None) -> ServerState:
         metrics = Metrics()
         return cls(config=config, service=Service(config, backend), metrics=metrics,
-                   capacity=Capacity(config.max_concurrent_requests, metrics.in_flight))
+                   capacity=Capacity(config.max_concurrent_requests, metrics.in_flight),
+                   store=None if config.store is None else ResponseStore(
+                       config.store, config.store_ttl_seconds))

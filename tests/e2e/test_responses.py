@@ -91,7 +91,7 @@ async def counted(serve, vllm_backend) -> tuple[str, CountingBackend]:
 
 @pytest.mark.parametrize("fields,param", [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"tools": [{"type": "web_search"}]}, "tools.0"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0]"),
     ({"text": {"format": {"type": "json_schema", "name": "x",
                           "schema": {"type": "objekt"}}}}, "text.format"),
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),

@@ -57,7 +57,7 @@ async def test_passthrough_answers_a_message_with_the_usage(scripted_serve, clie
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["id"].startswith("resp_") and out["object"] == "response"
-    assert out["status"] == "completed" and out["store"] is False
+    assert out["status"] == "completed" and out["store"] is True
     [item] = out["output"]
     assert item["type"] == "message" and item["id"].startswith("msg_")
     assert item["content"] == [{"type": "output_text", "text": ANSWER, "annotations": []}]
@@ -213,10 +213,9 @@ async def test_an_earlier_call_and_its_output_are_read_as_the_conversation(scrip
 @pytest.mark.parametrize("fields,param", [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"background": True}, "background"),
-    ({"tools": [{"type": "web_search"}]}, "tools.0"),
-    ({"input": [{"type": "image_generation_call"}]}, "input.0.type"),
+    ({"tools": [{"type": "web_search"}]}, "tools[0]"),
+    ({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
     ({"input": []}, "input"),
-    ({"tools": [TOOL]}, "tool_choice"),  # "auto": no tool-call parser
     ({"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
 ])
 async def test_bad_requests_are_openai_errors_before_any_engine_call(scripted_serve, client,
@@ -229,11 +228,11 @@ async def test_bad_requests_are_openai_errors_before_any_engine_call(scripted_se
     assert backend.calls == []
 
 
-async def test_a_response_is_never_stored(scripted_serve, client):
+async def test_an_unknown_response_is_404(scripted_serve, client):
     url, _ = await scripted_serve()
     r = await client.get(url + RESPONSES + "/resp_123")
     assert r.status_code == 404
-    assert "stores no responses" in assert_openai_error(r.json())["message"]
+    assert assert_openai_error(r.json())["message"] == "Response with id 'resp_123' not found."
 
 
 async def test_the_sdk_reads_answers_and_streams(scripted_serve):
@@ -245,3 +244,68 @@ async def test_the_sdk_reads_answers_and_streams(scripted_serve):
     seen = [ev async for ev in stream]
     assert seen[-1].type == "response.completed"
     assert seen[-1].response.output_text == SOLUTION
+
+
+async def test_a_function_output_given_as_text_parts_is_read_whole(scripted_serve, client):
+    backend = scripted()
+    url, _ = await scripted_serve(backend=backend)
+    output = [{"type": "input_text", "text": "sunny"}, {"type": "input_text", "text": ", 21 C"}]
+    r = await client.post(url + RESPONSES, json=body(input=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+         "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": output}]))
+    assert r.status_code == 200, r.text
+    assert "sunny, 21 C" in backend.calls[0].messages[-1].content
+
+
+@pytest.mark.parametrize("mode", ["auto", "required"])
+async def test_allowed_tools_offers_only_the_allowed_ones(scripted_serve, client, mode):
+    backend = shaped_backend('{"city": "Paris"}')
+    url, _ = await scripted_serve(backend=backend)
+    clock = {"type": "function", "name": "get_time"}
+    choice = {"type": "allowed_tools", "mode": mode,
+              "tools": [{"type": "function", "name": "get_weather"}]}
+    narrowed = await client.post(url + RESPONSES, json=body(tools=[TOOL, clock],
+                                                            tool_choice=choice))
+    plain = await client.post(url + RESPONSES, json=body(tools=[TOOL], tool_choice=mode))
+    assert narrowed.status_code == plain.status_code
+    if plain.status_code != 200:  # refused as the plain mode is
+        assert narrowed.json() == plain.json()
+        return
+    assert narrowed.json()["tool_choice"] == choice
+    first, second = backend.calls
+    assert first.messages == second.messages and "get_time" not in first.messages[0].content
+
+
+@pytest.mark.parametrize("fields,param,says", [
+    ({"input": 5}, "input", "input: Input should be a valid string or Input should be a "
+                            "valid list"),
+    ({"input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "What is this?"},
+        {"type": "input_image", "image_url": "https://example.com/cat.png"}]}]},
+     "input[0].content[1]", "input[0].content[1]: a part of type input_image: this model "
+                            "takes text only"),
+    ({"input": [{"type": "function_call_output", "call_id": "c",
+                 "output": [{"type": "input_image", "file_id": "file_1"}]}]},
+     "input[0].output[0]", "this model takes text only"),
+    ({"tool_choice": {"type": "allowed_tools", "mode": "always",
+                      "tools": [{"type": "function", "name": "get_weather"}]}},
+     "tool_choice.mode", "tool_choice.mode: Input should be 'auto' or 'required'"),
+    ({"tool_choice": "sometimes"}, "tool_choice", "Input should be 'none', 'auto' or"),
+    ({"tools": [TOOL], "tool_choice": {"type": "allowed_tools", "mode": "auto",
+                                       "tools": [{"type": "web_search"}]}},
+     "tool_choice.tools[0]", "only function tools with a name can be chosen"),
+    ({"input": [{"role": "robot", "content": "hi"}]}, "input[0].role", "input[0].role: "),
+    ({"conversation": "conv_unknown", "previous_response_id": "resp_1"}, "conversation",
+     "cannot be used together"),
+])
+async def test_refusals_name_the_field_as_openai_writes_it(scripted_serve, client, fields,
+                                                           param, says):
+    backend = scripted()
+    url, _ = await scripted_serve(backend=backend)
+    r = await client.post(url + RESPONSES, json=body(**fields))
+    assert r.status_code == 400, r.text
+    err = assert_openai_error(r.json())
+    assert err["param"] == param and says in err["message"]
+    assert backend.calls == []
