@@ -234,8 +234,7 @@ def caller_scope(request: Request, state: State) -> str:
     bearer = bearer_key(request)
     if bearer is not None and key_accepted(bearer, keys):
         return key_identity(bearer)
-    token = request.cookies.get(session_cookie(request))
-    return sessions_of(request.app).key_id(token) or ""
+    return session_key_id(request) or ""
 
 
 Scope = Annotated[str, Depends(caller_scope)]
