@@ -137,4 +137,4 @@ lint: setup
 
 clean-venv:
 	rm -rf $(VENV)
-	rm -f .venv
+	[ ! -L .venv ] || rm .venv
