@@ -7,8 +7,8 @@ limit, Host, origin and content-type checks, security headers),
 and ``state`` (the typed state on ``app.state.server``).
 
 Example:
-    >>> app = create_app(ServerConfig(), backend_factory=lambda: VLLMBackend.create())
-    >>> uvicorn.run(app, host="127.0.0.1", port=8000)
+    >>> app = create_app(ServerConfig(), backend_factory=lambda: VLLMBackend.create())  # doctest: +SKIP
+    >>> uvicorn.run(app, host="127.0.0.1", port=8000)  # doctest: +SKIP
 """
 
 from __future__ import annotations
