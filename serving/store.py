@@ -43,6 +43,8 @@ CREATE TABLE IF NOT EXISTS conversations (
 CREATE TABLE IF NOT EXISTS conversation_items (
     conversation TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
     seq INTEGER NOT NULL, item TEXT NOT NULL, PRIMARY KEY (conversation, seq));
+CREATE INDEX IF NOT EXISTS responses_expiry ON responses(expires);
+CREATE INDEX IF NOT EXISTS conversations_expiry ON conversations(expires);
 """
 
 
@@ -105,7 +107,8 @@ class ResponseStore:
         return self.clock() + self.ttl
 
     def purge(self) -> None:
-        """Drop every expired row (done on each write, so the file stays bounded)."""
+        """Drop every expired row (done on each write, so the file stays bounded; the
+        expiry is indexed, so this reads only the rows it drops)."""
         now = self.clock()
         self._run("DELETE FROM responses WHERE expires <= ?", (now,))
         self._run("DELETE FROM conversations WHERE expires <= ?", (now,))
