@@ -42,7 +42,6 @@ from refinery.engine.errors import (
     SpecError,
     UnknownModelError,
 )
-from refinery.strategies.spec import MAX_SPEC_CHARS, to_spec
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.run import EXHAUSTED, ChoiceListener, ChoiceSink, Solver, solve_choices
 from refinery.engine.trace import Trace
@@ -58,6 +57,7 @@ from refinery.serving.protocol import (
 )
 from refinery.serving.structured import Output, Reply, message_text, output_of
 from refinery.strategies import build_with_graph
+from refinery.strategies.spec import MAX_SPEC_CHARS, to_spec
 
 
 class Passthrough:
