@@ -159,7 +159,7 @@ class JudgeVerifier:
 
     Example:
         >>> class Fixed:
-        ...     async def generate(self, messages, params, *, n=None, monitor=None):
+        ...     async def generate(self, messages, params, *, n=None, stop_rule=None):
         ...         from refinery.engine.types import Completion
         ...         return [Completion(text="Good. Score: 9/10", prompt_tokens=1,
         ...                            completion_tokens=5, finish_reason="stop")]
