@@ -34,8 +34,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from refinery.engine.errors import InvalidRequestError
 
-ConstraintKind = Literal["json", "json_object", "regex", "choice", "grammar"]
-ALL_KINDS: frozenset[str] = frozenset(("json", "json_object", "regex", "choice", "grammar"))
+ConstraintKind = Literal["json", "json_object", "regex", "choice", "grammar", "structural_tag"]
+ALL_KINDS: frozenset[str] = frozenset(("json", "json_object", "regex", "choice", "grammar",
+                                       "structural_tag"))
 
 
 class UnsupportedConstraintError(InvalidRequestError):
@@ -62,16 +63,19 @@ class Constraint(BaseModel):
     regex: str | None = Field(None, description="a regular expression the whole sample matches")
     choice: tuple[str, ...] | None = None
     grammar: str | None = Field(None, description="an EBNF/Lark grammar, vLLM's syntax")
+    structural_tag: dict[str, Any] | None = Field(
+        None, description="an xgrammar structural tag, as vLLM's structured_outputs take it")
     # The name a response_format json_schema carried (OpenAI requires one upstream).
     name: str = "output"
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Constraint:
         given = [self.json_schema is not None, self.json_object, self.regex is not None,
-                 self.choice is not None, self.grammar is not None]
+                 self.choice is not None, self.grammar is not None,
+                 self.structural_tag is not None]
         if sum(given) != 1:
             raise ValueError("a constraint sets exactly one of json_schema, json_object, "
-                             "regex, choice, grammar")
+                             "regex, choice, grammar, structural_tag")
         return self
 
     # -- constructors -------------------------------------------------------------------
@@ -119,6 +123,22 @@ class Constraint(BaseModel):
             raise InvalidRequestError("a grammar must be a non-empty string", param="grammar")
         return cls(grammar=text)
 
+    @classmethod
+    def from_structural_tag(cls, tag: dict[str, Any], *, name: str = "output",
+                            check: bool = True) -> Constraint:
+        """Samples follow ``tag``, an xgrammar structural tag (``{"type": "structural_tag",
+        "format": ...}``): free text and constrained regions in one grammar, as the
+        tool-call envelope (``engine.tool_calls``) needs. With ``check``, compiled by
+        xgrammar where it is installed (with vLLM), so a tag it refuses is a 400 before
+        any engine call; a caller that built the tag from checked parts passes False
+        (importing xgrammar costs seconds where no engine has imported it yet)."""
+        if not isinstance(tag, dict) or tag.get("type") != "structural_tag":
+            raise InvalidRequestError("a structural tag is an object of type "
+                                      "'structural_tag'", param="structural_tag")
+        if check:
+            _check_structural_tag(tag)
+        return cls(structural_tag=tag, name=name)
+
     # -- reading ------------------------------------------------------------------------
 
     @property
@@ -131,6 +151,8 @@ class Constraint(BaseModel):
             return "regex"
         if self.choice is not None:
             return "choice"
+        if self.structural_tag is not None:
+            return "structural_tag"
         return "grammar"
 
     @property
@@ -162,7 +184,8 @@ class Constraint(BaseModel):
         return None if high >= _parser.MAXREPEAT else high
 
     def accepts(self, text: str) -> bool:
-        """Whether ``text`` satisfies the constraint (grammars: not checked, True).
+        """Whether ``text`` satisfies the constraint (grammars and structural tags: not
+        checked, True).
 
         Used to count parse rates and by tests; backends enforce, this only reads.
         """
@@ -170,7 +193,7 @@ class Constraint(BaseModel):
             return re.fullmatch(self.regex, text, re.S) is not None
         if self.choice is not None:
             return text in self.choice
-        if self.grammar is not None:
+        if self.grammar is not None or self.structural_tag is not None:
             return True
         try:
             value = json.loads(text)
@@ -220,6 +243,18 @@ def require_support(constraint: Constraint | None, supported: frozenset[str],
     """Raise ``UnsupportedConstraintError`` unless ``constraint`` is None or supported."""
     if constraint is not None and constraint.kind not in supported:
         raise UnsupportedConstraintError(constraint.kind, backend, supported)
+
+
+def _check_structural_tag(tag: dict[str, Any]) -> None:
+    try:
+        import xgrammar
+    except ImportError:  # no local engine: the upstream server checks it
+        return
+    try:
+        xgrammar.Grammar.from_structural_tag(json.dumps(tag))
+    except Exception as exc:  # xgrammar raises several types for a tag it cannot compile
+        raise InvalidRequestError(f"invalid structural tag: {exc}",
+                                  param="structural_tag") from None
 
 
 def check_schema(schema: dict[str, Any]) -> None:

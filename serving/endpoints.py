@@ -9,8 +9,10 @@ The reply's shape (``ResponseHead.reply``): chat logprobs are
 ``{"content": [token...]}`` in OpenAI's shape, completions' the legacy
 parallel lists with ``text_offset``; a forced named tool call is
 ``message.tool_calls`` (content null, finish ``stop``), streamed as argument
-deltas; ``"required"`` calls are parsed from the generated array (finish
-``tool_calls``) and sent whole at the end of a stream.
+deltas; the calls of ``"auto"`` and ``"required"`` are parsed from the envelope
+(``engine.tool_calls``; finish ``tool_calls``) and sent whole at the end of a
+stream, an ``"auto"`` text answer streams as content. A call cut off by the token
+limit is dropped, never shown as text, and the choice finishes ``length``.
 
 Example:
     >>> head = ResponseHead.new(CHAT, model="ssr@my-model")
@@ -20,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -30,6 +31,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel
 
 from refinery.engine.run import answer_completion, reasoning_tokens
+from refinery.engine.tool_calls import parse_calls
 from refinery.engine.trace import Trace
 from refinery.engine.types import TokenLogprob, TopLogprob
 from refinery.serving.protocol import (
@@ -209,25 +211,37 @@ class Endpoint:
         raise NotImplementedError
 
 
-def required_calls(text: str) -> list[ToolCall] | None:
-    """The calls of a ``tool_choice: "required"`` answer (None: not a complete array)."""
-    try:
-        items = json.loads(text)
-        return [ToolCall(id=new_call_id(), function=FunctionCall(
-            name=item["name"], arguments=json.dumps(item["parameters"], ensure_ascii=False)))
-            for item in items]
-    except (ValueError, TypeError, KeyError):
+def envelope_calls(text: str) -> tuple[list[ToolCall], bool] | None:
+    """The calls of an answer in the tool-call envelope, and whether one was cut off
+    (its partial call dropped); None: a text answer."""
+    turn = parse_calls(text)
+    if not turn.calls and not turn.cut:
         return None
+    return [ToolCall(id=new_call_id(), function=FunctionCall(
+        name=c.name, arguments=c.arguments_json)) for c in turn.calls], turn.cut
 
 
-def tool_calls(reply: Reply, ans: Answer) -> list[ToolCall] | None:
-    """A choice's tool calls (None: a text reply, or calls that did not parse)."""
+def tool_calls(reply: Reply, ans: Answer) -> tuple[list[ToolCall], bool] | None:
+    """A choice's tool calls and whether the last was cut off (None: a text reply)."""
     if reply.tools == "named" and reply.function is not None:
         return [ToolCall(id=new_call_id(),
-                         function=FunctionCall(name=reply.function, arguments=ans.text))]
+                         function=FunctionCall(name=reply.function, arguments=ans.text))], False
     if reply.tools == "required":
-        return required_calls(ans.text)
+        return envelope_calls(ans.text) or ([], False)  # never text, even if unparsed
+    if reply.tools == "auto":
+        return envelope_calls(ans.text)
     return None
+
+
+def calls_finish(reply: Reply, calls: list[ToolCall], cut: bool, finish: str) -> str:
+    """The finish reason of a tool-call answer: ``length`` when a call was cut off,
+    ``tool_calls`` for calls the model chose (a named call finishes with ``stop``, as
+    OpenAI's and vLLM's do)."""
+    if cut:
+        return "length"
+    if calls and reply.tools in ("auto", "required") and finish == "stop":
+        return "tool_calls"
+    return finish
 
 
 class ChatEndpoint(Endpoint):
@@ -254,7 +268,7 @@ class ChatEndpoint(Endpoint):
               offset: int = 0) -> ChatCompletionChunk | None:
         reply = head.reply
         if reply.tools == "required":
-            return None  # the array is parsed whole, at the end
+            return None  # the calls are parsed whole, at the end
         if reply.tools == "named":
             first = offset == 0  # the first piece opens the call: id, type, name
             call = DeltaToolCall(index=0, id=new_call_id() if first else None,
@@ -266,20 +280,17 @@ class ChatEndpoint(Endpoint):
 
     def closing(self, head: ResponseHead, i: int, ans: Answer,
                 sent: int) -> Iterator[ChatCompletionChunk]:
-        if head.reply.tools != "required":
+        found = tool_calls(head.reply, ans) if head.reply.tools != "named" else None
+        if found is None:
             yield from super().closing(head, i, ans, sent)
             return
-        calls = required_calls(ans.text)
-        if calls is None:  # not a complete array (cut by max_tokens): the text as it is
-            yield self.chunk(head, i, DeltaMessage(content=ans.text), logprobs=ans.logprobs)
-            yield self.finish(head, i, ans.finish_reason)
-            return
-        yield self.chunk(head, i, DeltaMessage(tool_calls=[
-            DeltaToolCall(index=j, id=c.id, type="function", function=DeltaFunctionCall(
-                name=c.function.name, arguments=c.function.arguments))
-            for j, c in enumerate(calls)]), logprobs=ans.logprobs)
-        yield self.finish(head, i, "tool_calls" if ans.finish_reason == "stop"
-                          else ans.finish_reason)
+        calls, cut = found
+        if calls:
+            yield self.chunk(head, i, DeltaMessage(tool_calls=[
+                DeltaToolCall(index=j, id=c.id, type="function", function=DeltaFunctionCall(
+                    name=c.function.name, arguments=c.function.arguments))
+                for j, c in enumerate(calls)]), logprobs=ans.logprobs)
+        yield self.finish(head, i, calls_finish(head.reply, calls, cut, ans.finish_reason))
 
     def finish(self, head: ResponseHead, i: int, reason: str) -> ChatCompletionChunk:
         return self.chunk(head, i, DeltaMessage(), reason)
@@ -291,12 +302,12 @@ class ChatEndpoint(Endpoint):
 
     def choice(self, head: ResponseHead, i: int, ans: Answer) -> ChatChoice:
         """One choice of the whole response: text, or the tool calls the reply asks for."""
-        calls = tool_calls(head.reply, ans)
-        finish = ans.finish_reason
-        if calls is not None and head.reply.tools == "required" and finish == "stop":
-            finish = "tool_calls"  # OpenAI and vLLM; a named call finishes with "stop"
-        message = ResponseMessage(content=None if calls else ans.text, tool_calls=calls,
-                                  reasoning_content=ans.reasoning)
+        found = tool_calls(head.reply, ans)
+        calls, cut = found if found is not None else (None, False)
+        finish = (calls_finish(head.reply, calls, cut, ans.finish_reason)
+                  if calls is not None else ans.finish_reason)
+        message = ResponseMessage(content=None if calls is not None else ans.text,
+                                  tool_calls=calls or None, reasoning_content=ans.reasoning)
         logprobs = (ChoiceLogprobs(content=finite(ans.logprobs))
                     if ans.logprobs is not None else None)
         return ChatChoice(index=i, message=message, logprobs=logprobs, finish_reason=finish)

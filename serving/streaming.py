@@ -32,6 +32,7 @@ from pydantic import BaseModel
 
 from refinery.engine.context import DeltaSink
 from refinery.engine.errors import RefineryError
+from refinery.engine.tool_calls import OPEN
 from refinery.engine.trace import TraceEvent
 from refinery.engine.types import Completion, Delta, TokenLogprob
 from refinery.serving.endpoints import (
@@ -44,6 +45,7 @@ from refinery.serving.endpoints import (
 )
 from refinery.serving.errors import openai_error
 from refinery.serving.service import Outcome, Prepared, Service
+from refinery.serving.structured import Reply
 
 log = logging.getLogger(__name__)
 REASONING_CHARS = 2000
@@ -170,10 +172,24 @@ async def events_of_run(service: Service, prep: Prepared,
 
 @dataclass
 class Sent:
-    """What a stream has sent of one choice's answer: characters, logprobs held back."""
+    """What a stream has sent of one choice's answer: characters, logprobs held back,
+    and, while an ``"auto"`` tool turn has not shown yet whether it answers in text
+    or opens a call, the text held back (``pending``)."""
 
     chars: int = 0
     held: list[TokenLogprob] = field(default_factory=list)
+    pending: str | None = None
+
+    def undecided(self, reply: Reply, text: str) -> str | None:
+        """``text`` to stream now, or None while the answer may still be a tool call."""
+        if reply.tools != "auto" or self.pending == "":
+            return text
+        self.pending = (self.pending or "") + text
+        body = self.pending.lstrip()
+        if body.startswith(OPEN) or OPEN.startswith(body):  # a call, or not known yet
+            return None
+        text, self.pending = self.pending, ""  # text: what was held, then the rest as it comes
+        return text
 
 
 def content_chunk(endpoint: Endpoint, head: ResponseHead, ev: RunEvent,
@@ -186,11 +202,11 @@ def content_chunk(endpoint: Endpoint, head: ResponseHead, ev: RunEvent,
     """
     if head.reply.logprobs and ev.logprobs:
         sent.held += ev.logprobs
-    if not ev.text:
+    if not ev.text or (text := sent.undecided(head.reply, ev.text)) is None:
         return None
     logprobs, sent.held = (sent.held if head.reply.logprobs else None), []
-    chunk = endpoint.delta(head, ev.choice, ev.text, logprobs, sent.chars)
-    sent.chars += len(ev.text)
+    chunk = endpoint.delta(head, ev.choice, text, logprobs, sent.chars)
+    sent.chars += len(text)
     return chunk
 
 

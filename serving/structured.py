@@ -8,17 +8,21 @@ field):
   is accepted and the schema is always enforced), vLLM's ``structured_outputs``
   (``json``, ``regex``, ``choice``, ``grammar``, ``json_object``) and its older
   ``guided_json``/``guided_regex``/``guided_choice``/``guided_grammar``. At most
-  one constraint per request; a named or required ``tool_choice`` is one too.
-- ``tools`` with ``tool_choice``: a named function's arguments are generated
-  under its ``parameters`` schema; ``"required"`` generates a JSON array of
-  ``{"name", "parameters"}`` calls over all tools (vLLM's schema); ``"none"``
-  ignores the tools; ``"auto"`` (the default when tools are given) is refused:
-  the server has no tool-call parser to find calls in free text.
+  one constraint per request.
+- ``tools`` with ``tool_choice``: ``"auto"`` (the default when tools are given)
+  lets the model choose free text or calls in the envelope of ``engine.tool_calls``,
+  the calls' arguments under their tools' schemas; ``"required"`` closes the text
+  branch; a named function's arguments are generated under its ``parameters``
+  schema; ``"none"`` ignores the tools. With ``parallel_tool_calls: false`` an
+  answer holds one call at most. A format field (``response_format``, vLLM's
+  fields) on the same request shapes the text branch of ``"auto"``; under a
+  named or required choice the call takes precedence and the format is left for
+  the turn that answers in text, as OpenAI does.
 - ``logprobs``/``top_logprobs`` (chat) or ``logprobs: k`` (completions).
 
 The tools are described to the model in a system turn (``tools_prompt``), as a
 chat template that takes tools would; earlier tool calls and tool results in
-the conversation are rendered as text (``message_text``).
+the conversation are rendered as text in the same envelope (``message_text``).
 
 Example:
     >>> out = output_of(ChatCompletionRequest.model_validate(
@@ -37,6 +41,15 @@ from typing import Any, Literal
 
 from refinery.engine.constraints import Constraint
 from refinery.engine.errors import InvalidRequestError
+from refinery.engine.tool_calls import (
+    DEFAULT_MAX_CALLS,
+    EMPTY_OBJECT,
+    Tool,
+    as_format,
+    envelope_constraint,
+    render_call,
+    tools_instructions,
+)
 from refinery.serving.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -46,19 +59,14 @@ from refinery.serving.protocol import (
     StructuredOutputs,
 )
 
-EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
 MAX_SCHEMA_DEPTH = 64  # deeper schemas are refused, not handed to recursive checkers
-NO_PARSER = ("tool_choice 'auto' (the default when tools are given) needs a tool-call "
-             "parser, which this server does not have for its model: name the function "
-             "(tool_choice={'type': 'function', 'function': {'name': ...}}), ask for "
-             "'required', or send 'none'")
 
 
 @dataclass(frozen=True)
 class Reply:
     """How a choice's text becomes the response: text, or tool calls; with logprobs?"""
 
-    tools: Literal["none", "named", "required"] = "none"
+    tools: Literal["none", "auto", "named", "required"] = "none"
     function: str | None = None  # the named function
     logprobs: bool = False
 
@@ -82,16 +90,16 @@ def output_of(req: ChatCompletionRequest | CompletionRequest) -> Output:
             choice that cannot be served, logprob fields OpenAI refuses.
     """
     found = format_constraints(req)
-    reply, prompt = Reply(), None
-    if isinstance(req, ChatCompletionRequest):
-        tool = tool_constraint(req)
-        if tool is not None:
-            reply, constraint, prompt = tool
-            found.append(("tool_choice", constraint))
     if len(found) > 1:
         raise InvalidRequestError(
             "only one output constraint per request; got " + ", ".join(p for p, _ in found),
             param=found[1][0])
+    reply, prompt = Reply(), None
+    if isinstance(req, ChatCompletionRequest):
+        tool = tool_constraint(req, found[0][1] if found else None)
+        if tool is not None:  # the call's constraint replaces (or holds) the format's
+            reply, constraint, prompt = tool
+            found = [("tool_choice", constraint)]
     logprobs, top = logprob_fields(req)
     constraint = found[0][1] if found else None
     return Output(constraint=constraint, logprobs=logprobs, top_logprobs=top,
@@ -154,10 +162,11 @@ def response_format_constraint(rf: ResponseFormat) -> Constraint:
 
 def vllm_constraints(so: StructuredOutputs, prefix: str) -> list[tuple[str, Constraint]]:
     """vLLM's constraint fields that are set, each as (request field, Constraint)."""
-    if so.structural_tag is not None:
-        raise InvalidRequestError("structural_tag constraints are not supported here",
-                                  param=f"{prefix}structural_tag")
     out = []
+    if so.structural_tag is not None:
+        param = f"{prefix}structural_tag"
+        tag = json_value(so.structural_tag, param)
+        out.append((param, at(param, lambda: Constraint.from_structural_tag(tag))))
     if so.json_ is not None:
         param = f"{prefix}json"
         out.append((param, schema_constraint(json_value(so.json_, param), param)))
@@ -176,7 +185,7 @@ def vllm_constraints(so: StructuredOutputs, prefix: str) -> list[tuple[str, Cons
 
 
 def json_value(schema: dict[str, Any] | str, param: str) -> Any:
-    """A schema given as an object or (vLLM allows it) as JSON text."""
+    """A schema (or structural tag) given as an object or (vLLM allows it) as JSON text."""
     if isinstance(schema, dict):
         return schema
     try:
@@ -188,22 +197,39 @@ def json_value(schema: dict[str, Any] | str, param: str) -> Any:
 
 # -- tools ------------------------------------------------------------------------------
 
-def tool_constraint(req: ChatCompletionRequest) -> tuple[Reply, Constraint, str] | None:
-    """For a named or required ``tool_choice``: the reply, the constraint and the prompt.
+def engine_tools(tools: list[ChatTool]) -> list[Tool]:
+    """The request's tools as the engine's envelope describes them, each tool's schema
+    checked (a bad one is a 400 naming it)."""
+    for i, t in enumerate(tools):
+        schema_constraint(t.function.parameters or EMPTY_OBJECT,
+                          f"tools.{i}.function.parameters")
+    return [Tool(t.function.name, t.function.description or "",
+                 t.function.parameters or EMPTY_OBJECT) for t in tools]
+
+
+def tool_constraint(req: ChatCompletionRequest, text: Constraint | None = None,
+                    ) -> tuple[Reply, Constraint, str] | None:
+    """For a turn that may or must call a tool: the reply, the constraint and the prompt.
 
     None when no tool is to be called (no tools, or ``tool_choice: "none"``).
+    ``"auto"`` (the default when tools are given) lets the model choose text (in the
+    shape ``text`` asks for, if any) or calls; ``"required"`` asks for one or more
+    calls, and a named function for that function's arguments only.
     """
     choice, tools = req.tool_choice, req.tools
     if choice == "none" or (choice is None and not tools):
         return None
     if not tools:
         raise InvalidRequestError("tool_choice needs tools", param="tool_choice")
-    if choice is None or choice == "auto":
-        raise InvalidRequestError(NO_PARSER, param="tool_choice")
-    if choice == "required":
-        schema = required_schema(tools, req.parallel_tool_calls)
-        return (Reply("required"), schema_constraint(schema, "tools"),
-                tools_prompt(tools, None))
+    if choice is None or choice in ("auto", "required"):
+        required = choice == "required"
+        max_calls = 1 if req.parallel_tool_calls is False else DEFAULT_MAX_CALLS
+        shape = as_format(text) if text is not None and not required else None
+        found = engine_tools(tools)
+        constraint = envelope_constraint(found, required=required, max_calls=max_calls,
+                                         text=shape)
+        return (Reply("required" if required else "auto"), constraint,
+                tools_instructions(found, required=required))
     name = choice.function.name
     index = next((i for i, t in enumerate(tools) if t.function.name == name), None)
     if index is None:
@@ -212,36 +238,14 @@ def tool_constraint(req: ChatCompletionRequest) -> tuple[Reply, Constraint, str]
                                   f"in tools (known: {known})", param="tool_choice")
     params = tools[index].function.parameters or EMPTY_OBJECT
     constraint = schema_constraint(params, f"tools.{index}.function.parameters", name)
-    return Reply("named", name), constraint, tools_prompt(tools, name)
+    return Reply("named", name), constraint, named_prompt(tools, name)
 
 
-def required_schema(tools: list[ChatTool], parallel: bool | None) -> dict[str, Any]:
-    """vLLM's schema for ``tool_choice: "required"``: an array of one or more calls."""
-    calls = [{"properties": {"name": {"type": "string", "enum": [t.function.name]},
-                             "parameters": t.function.parameters or EMPTY_OBJECT},
-              "required": ["name", "parameters"]} for t in tools]
-    schema: dict[str, Any] = {"type": "array", "minItems": 1,
-                              "items": {"type": "object", "anyOf": calls}}
-    if parallel is False:
-        schema["maxItems"] = 1
-    return schema
-
-
-def tools_prompt(tools: list[ChatTool], named: str | None) -> str:
-    """The system text that tells the model the tools and what to reply."""
-    lines = ["You can call these functions (arguments as a JSON schema):"]
-    for t in tools:
-        f = t.function
-        about = f": {f.description}" if f.description else ""
-        lines.append(f"- {f.name}{about}\n  arguments: "
-                     + json.dumps(f.parameters or EMPTY_OBJECT, ensure_ascii=False))
-    if named is not None:
-        lines.append(f"Call the function {named} now: reply with its arguments only, "
-                     "as one JSON object.")
-    else:
-        lines.append('Call one or more of them now: reply with a JSON array of '
-                     '{"name": ..., "parameters": {...}} objects only.')
-    return "\n".join(lines)
+def named_prompt(tools: list[ChatTool], named: str) -> str:
+    """The system text for a named call: the tools, then the one to call now."""
+    listing = tools_instructions(engine_tools(tools), required=True).splitlines()
+    return "\n".join([*listing[:-2], f"Call the function {named} now: reply with its "
+                      "arguments only, as one JSON object."])
 
 
 def message_text(m: ChatMessage, names: dict[str, str]) -> str:
@@ -258,8 +262,7 @@ def message_text(m: ChatMessage, names: dict[str, str]) -> str:
         calls = []
         for call in m.tool_calls:
             names[call.id] = call.function.name
-            calls.append(f'<tool_call>{{"name": {json.dumps(call.function.name)}, '
-                         f'"arguments": {call.function.arguments}}}</tool_call>')
+            calls.append(render_call(call.function.name, call.function.arguments))
         return "\n".join(([text] if text else []) + calls)
     if m.role == "tool":
         name = names.get(m.tool_call_id or "", m.name or "")

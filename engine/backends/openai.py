@@ -302,7 +302,8 @@ def _choice(ch: Any, usage: Any, count: int, params: SamplingParams) -> Completi
 def _structured_field(c: Constraint) -> dict[str, Any]:
     """vLLM's ``structured_outputs`` request field for ``c``."""
     field = {"json": c.json_schema, "json_object": True, "regex": c.regex,
-             "choice": list(c.choice or ()), "grammar": c.grammar}
+             "choice": list(c.choice or ()), "grammar": c.grammar,
+             "structural_tag": json.dumps(c.structural_tag)}
     return {c.kind: field[c.kind]}
 
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -331,7 +332,8 @@ def structured(constraint: Constraint | None) -> Any:
     c = constraint
     return StructuredOutputsParams(
         json=c.json_schema, json_object=c.json_object or None, regex=c.regex,
-        choice=list(c.choice) if c.choice is not None else None, grammar=c.grammar)
+        choice=list(c.choice) if c.choice is not None else None, grammar=c.grammar,
+        structural_tag=json.dumps(c.structural_tag) if c.structural_tag is not None else None)
 
 
 def token_logprobs(token_ids: Sequence[int], logprobs: Any, top: int) -> list[TokenLogprob]:

@@ -1,7 +1,8 @@
-"""Tools over HTTP on the scripted backend: a named tool_choice generates the
-arguments under the function's schema, "required" an array of calls, "none"
-ignores the tools, "auto" is refused (no tool-call parser); conversations with
-earlier tool calls and results are accepted."""
+"""Tools over HTTP on the scripted backend: "auto" (the default) lets the model
+choose text or calls in the envelope, "required" closes the text branch, a named
+tool_choice generates the arguments under the function's schema, "none" ignores the
+tools; calls are bounded, de-duplicated and never returned as text when cut off;
+conversations with earlier tool calls and results are accepted."""
 
 from __future__ import annotations
 
@@ -12,13 +13,12 @@ import pytest
 from pydantic import BaseModel
 
 from tests.serving.conftest import CHAT, MODEL, assert_openai_error, chat, sse_data
-from tests.serving.structured_util import SOLUTION, constraints, shaped_backend
+from tests.serving.structured_util import CALL, SOLUTION, constraints, shaped_backend
 
 pytestmark = pytest.mark.timeout(60)  # uvicorn catches SIGTERM: never hang a run
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}},
            "required": ["city"]}
 ARGS = '{"city": "Paris"}'
-CALLS = '[{"name": "get_weather", "parameters": {"city": "Paris"}}]'
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description":
                                            "Weather of a city.", "parameters": WEATHER}},
          {"type": "function", "function": {"name": "get_time"}}]
@@ -84,27 +84,140 @@ async def test_named_tool_call_under_a_strategy(scripted_serve, client):
     assert constraints(backend)[-1].json_schema == WEATHER
 
 
-async def test_required_tool_choice_generates_an_array_of_calls(scripted_serve, client):
-    backend = shaped_backend(CALLS)
+def tag_format(constraint) -> dict:
+    assert constraint.kind == "structural_tag"
+    return constraint.structural_tag["format"]
+
+
+def call_names(fmt: dict) -> list[str]:
+    """The function names a repeat-of-tags format admits, in order."""
+    return [json.loads(t["begin"].removeprefix("<tool_call>") + "0}")["name"]
+            for t in fmt["content"]["elements"]]
+
+
+@pytest.mark.parametrize("choice", [None, "auto"])
+async def test_auto_answers_with_a_call_when_the_model_opens_one(scripted_serve, client,
+                                                                choice):
+    backend = shaped_backend(tagged=CALL)
     url, _ = await scripted_serve(backend=backend)
-    r = await client.post(url + CHAT, json=tool_chat(tool_choice="required",
-                                                     parallel_tool_calls=False))
+    fields = {} if choice is None else {"tool_choice": choice}
+    r = await client.post(url + CHAT, json=tool_chat(**fields))
+    assert r.status_code == 200, r.text
+    choice_ = r.json()["choices"][0]
+    assert choice_["finish_reason"] == "tool_calls"
+    assert choice_["message"]["content"] is None
+    [call] = choice_["message"]["tool_calls"]
+    assert call["id"].startswith("call_") and call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    free, calls = tag_format(constraints(backend)[0])["elements"]
+    assert free == {"type": "any_text", "excludes": ["<tool_call>"]}
+    assert calls["type"] == "repeat" and (calls["min"], calls["max"]) == (1, 8)
+    assert call_names(calls) == ["get_weather", "get_time"]
+    assert calls["content"]["elements"][0]["content"]["json_schema"] == WEATHER
+    system = backend.calls[0].messages[0].content
+    assert "If no function is needed, answer in plain text instead." in system
+
+
+async def test_auto_answers_in_text_when_the_model_writes_text(scripted_serve, client):
+    url, _ = await scripted_serve(backend=shaped_backend(tagged="It is sunny in Paris."))
+    r = await client.post(url + CHAT, json=tool_chat())
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["message"]["content"] == "It is sunny in Paris."
+    assert "tool_calls" not in choice["message"] or not choice["message"]["tool_calls"]
+
+
+def streamed(events: list) -> tuple[str, list, str]:
+    """(content, tool-call deltas, finish reason) of a streamed chat answer."""
+    deltas = [e["choices"][0]["delta"] for e in events[:-1] if e["choices"]]
+    content = "".join(d.get("content") or "" for d in deltas)
+    calls = [c for d in deltas for c in d.get("tool_calls") or []]
+    return content, calls, events[-2]["choices"][0]["finish_reason"]
+
+
+async def test_auto_streams_a_call_whole_and_text_as_it_comes(scripted_serve, client):
+    two = CALL + CALL.replace("Paris", "Rome")
+    url, _ = await scripted_serve(backend=shaped_backend(tagged=two))
+    r = await client.post(url + CHAT, json=tool_chat(stream=True))
+    events = sse_data(r.text)
+    assert events[-1] == "[DONE]"
+    content, calls, finish = streamed(events)
+    assert content == "" and finish == "tool_calls"
+    assert [(c["index"], json.loads(c["function"]["arguments"])["city"]) for c in calls] \
+        == [(0, "Paris"), (1, "Rome")]
+    text = "It is sunny in Paris today."
+    url, _ = await scripted_serve(backend=shaped_backend(tagged=text))
+    r = await client.post(url + CHAT, json=tool_chat(stream=True))
+    content, calls, finish = streamed(sse_data(r.text))
+    assert (content, calls, finish) == (text, [], "stop")
+    pieces = [e["choices"][0]["delta"].get("content") for e in sse_data(r.text)[:-1]
+              if e["choices"] and e["choices"][0]["delta"].get("content")]
+    assert len(pieces) > 1  # text streams as it comes, not held to the end
+
+
+async def test_required_never_answers_in_text(scripted_serve, client):
+    backend = shaped_backend(tagged="I would rather not call anything.")
+    url, _ = await scripted_serve(backend=backend)
+    r = await client.post(url + CHAT, json=tool_chat(tool_choice="required"))
+    msg = r.json()["choices"][0]["message"]
+    assert msg["content"] is None and not msg.get("tool_calls")
+    fmt = tag_format(constraints(backend)[0])
+    assert fmt["type"] == "repeat" and fmt["min"] == 1  # no text branch
+    assert "Call one or more of them now." in backend.calls[0].messages[0].content
+    r = await client.post(url + CHAT, json=tool_chat(tool_choice="required", stream=True))
+    content, calls, _ = streamed(sse_data(r.text))
+    assert (content, calls) == ("", [])
+
+
+async def test_required_returns_the_calls(scripted_serve, client):
+    url, _ = await scripted_serve(backend=shaped_backend(tagged=CALL))
+    r = await client.post(url + CHAT, json=tool_chat(tool_choice="required"))
     choice = r.json()["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     [call] = choice["message"]["tool_calls"]
-    assert call["function"]["name"] == "get_weather"
     assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
-    schema = constraints(backend)[0].json_schema
-    assert schema["type"] == "array" and schema["minItems"] == 1 and schema["maxItems"] == 1
-    names = [s["properties"]["name"]["enum"] for s in schema["items"]["anyOf"]]
-    assert names == [["get_weather"], ["get_time"]]
-    # Streamed: the calls are sent whole at the end.
-    r = await client.post(url + CHAT, json=tool_chat(tool_choice="required", stream=True))
-    events = sse_data(r.text)
-    [calls] = [e["choices"][0]["delta"]["tool_calls"] for e in events[:-1]
-               if e["choices"] and "tool_calls" in e["choices"][0]["delta"]]
-    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["id"]
-    assert events[-2]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+async def test_calls_are_bounded_and_a_repeated_call_is_one_call(scripted_serve, client):
+    written_twice = CALL + "\n" + CALL.replace('{"city": "Paris"}', '{ "city":"Paris" }')
+    backend = shaped_backend(tagged=written_twice)
+    url, _ = await scripted_serve(backend=backend)
+    r = await client.post(url + CHAT, json=tool_chat(parallel_tool_calls=False))
+    assert len(r.json()["choices"][0]["message"]["tool_calls"]) == 1
+    calls = tag_format(constraints(backend)[0])["elements"][1]
+    assert (calls["min"], calls["max"]) == (1, 1)
+
+
+async def test_a_call_cut_off_by_max_tokens_is_never_text(scripted_serve, client):
+    url, _ = await scripted_serve(backend=shaped_backend(tagged=CALL))
+    for stream in (False, True):
+        r = await client.post(url + CHAT, json=tool_chat(max_tokens=2, stream=stream))
+        if stream:
+            content, calls, finish = streamed(sse_data(r.text))
+            assert (content, calls, finish) == ("", [], "length")
+        else:
+            choice = r.json()["choices"][0]
+            assert choice["finish_reason"] == "length"
+            assert choice["message"]["content"] is None
+            assert not choice["message"].get("tool_calls")
+
+
+async def test_a_named_tool_and_a_response_format_in_one_request(scripted_serve, client):
+    backend = shaped_backend(ARGS)
+    url, _ = await scripted_serve(backend=backend)
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": WEATHER}}
+    r = await client.post(url + CHAT, json=tool_chat(tool_choice=NAMED, response_format=fmt))
+    assert r.status_code == 200, r.text
+    [call] = r.json()["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["arguments"] == ARGS
+    assert constraints(backend)[0].name == "get_weather"  # the call takes precedence
+    # Under "auto", the format shapes the text branch.
+    backend = shaped_backend(tagged='{"city": "Oslo"}')
+    url, _ = await scripted_serve(backend=backend)
+    r = await client.post(url + CHAT, json=tool_chat(response_format=fmt))
+    assert json.loads(r.json()["choices"][0]["message"]["content"]) == {"city": "Oslo"}
+    text, _ = tag_format(constraints(backend)[0])["elements"]
+    assert text == {"type": "json_schema", "json_schema": WEATHER}
 
 
 async def test_tool_choice_none_ignores_the_tools(scripted_serve, client):
@@ -117,14 +230,12 @@ async def test_tool_choice_none_ignores_the_tools(scripted_serve, client):
 
 
 @pytest.mark.parametrize(("fields", "needle"), [
-    ({"tools": TOOLS}, "tool-call parser"),
-    ({"tools": TOOLS, "tool_choice": "auto"}, "tool-call parser"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "'nope'"),
     ({"tool_choice": NAMED}, "needs tools"),
     ({"tools": [], "tool_choice": "none"}, "tools"),
-    ({"tools": TOOLS, "tool_choice": NAMED, "response_format": {"type": "json_object"}},
-     "only one output constraint"),
+    ({"tools": TOOLS, "response_format": {"type": "json_object"},
+      "structured_outputs": {"regex": "a+"}}, "only one output constraint"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "nope"}}}], "tool_choice": {"type": "function", "function": {"name": "f"}}},
      "invalid JSON schema"),
