@@ -223,9 +223,11 @@ def test_describe_says_what_was_recomputed() -> None:
     " = ".join(["1 + 1"] * 2000),
 ])
 def test_hostile_text_is_quick_and_never_raises(step: str) -> None:
-    started = time.monotonic()
+    # CPU seconds of this thread, not wall time: the work the check does, however long a
+    # loaded machine keeps it waiting for a core.
+    started = time.thread_time()
     check = check_step(step)
-    assert time.monotonic() - started < 2.0
+    assert time.thread_time() - started < 2.0
     assert check.score in (RIGHT, WRONG, UNCHECKED)
 
 
