@@ -11,12 +11,13 @@ A refusal is a typed error of the exception hierarchy, answered by
 ``errors.error_response`` as the OpenAI error body.
 
 Example:
-    >>> guard(app, max_body_bytes=4 * 1024 * 1024, allowed_hosts=frozenset())
+    >>> guard(app, max_body_bytes=4 * 1024 * 1024, allowed_hosts=frozenset())  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -26,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from refinery.engine.errors import InvalidRequestError, RefineryError, RequestTooLargeError
+from refinery.serving.clients import is_loopback
 from refinery.serving.errors import error_response
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -67,7 +69,7 @@ class BodyLimit:
     so an endless upload cannot fill memory.
 
     Example:
-        >>> app.add_middleware(BodyLimit, limit=4 * 1024 * 1024)
+        >>> app.add_middleware(BodyLimit, limit=4 * 1024 * 1024)  # doctest: +SKIP
     """
 
     def __init__(self, app: ASGIApp, limit: int):
@@ -107,20 +109,28 @@ class BodyLimit:
 # ------------------------------------------------------------------------ request checks
 
 
-def host_name(host: str) -> str:
-    """The name of a ``Host`` header value, lowercased, without port or IPv6 brackets."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[1:host.find("]")] if "]" in host else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+# RFC 3986's host [":" port]: an IPv6 literal in brackets, or a name of letters, digits,
+# dots, hyphens and underscores (IPv4 literals included); nothing after the port.
+HOST = re.compile(r"(?:\[(?P<literal>[0-9a-f:.]+)\]|(?P<name>[a-z0-9._-]+))(?::[0-9]{0,5})?")
 
 
-def is_loopback(address: str) -> bool:
-    """Whether ``address`` (an IP literal) is a loopback address (127/8, ::1)."""
+def host_name(host: str) -> str | None:
+    """The name of a ``Host`` header value, lowercased, without port or IPv6 brackets;
+    None when it is not ``host[:port]`` as RFC 3986 writes them (``[::1]x``, ``h:80@x``).
+
+    >>> host_name("LocalHost:8000"), host_name("[::1]:80"), host_name("[::1]evil.example")
+    ('localhost', '::1', None)
+    """
+    match = HOST.fullmatch(host.strip().lower())
+    if match is None:
+        return None
+    literal = match["literal"]
+    if literal is None:
+        return match["name"]
     try:
-        return ipaddress.ip_address(address).is_loopback
+        return str(ipaddress.IPv6Address(literal))
     except ValueError:
-        return False
+        return None
 
 
 def check_host(scope: Scope, allowed: frozenset[str]) -> None:
@@ -132,7 +142,11 @@ def check_host(scope: Scope, allowed: frozenset[str]) -> None:
     server = scope.get("server")
     if "*" in allowed or not server or not is_loopback(str(server[0])):
         return
-    name = host_name(Headers(scope=scope).get("host", ""))
+    raw = Headers(scope=scope).get("host", "")
+    name = host_name(raw)
+    if name is None:
+        raise UntrustedHostError(f"Host {raw[:100]!r} is not a host name (RFC 3986)",
+                                 code="untrusted_host")
     if name in LOOPBACK_NAMES or name.endswith(".localhost") or name in allowed:
         return
     raise UntrustedHostError(f"Host {name!r} is not a name of this server (it listens on a "
@@ -230,7 +244,10 @@ class RequestChecks:
 
 
 class SecurityHeaders:
-    """Add ``headers`` to every response under ``prefix`` that does not set them itself."""
+    """Add ``headers`` to every response under ``prefix`` that does not set them itself,
+    the 500 of an unexpected error included: it is answered here (the OpenAI error
+    body), before Starlette's outermost error middleware would answer it bare, and the
+    error goes on up to be logged."""
 
     def __init__(self, app: ASGIApp, headers: Mapping[str, str] = BASE_HEADERS,
                  prefix: str = ""):
@@ -242,14 +259,23 @@ class SecurityHeaders:
         if scope["type"] != "http" or not scope["path"].startswith(self.prefix):
             return await self.app(scope, receive, send)
 
+        started = False
+
         async def send_with_headers(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 headers = MutableHeaders(scope=message)
                 for name, value in self.headers.items():
                     headers.setdefault(name, value)
             await send(message)
 
-        await self.app(scope, receive, send_with_headers)
+        try:
+            await self.app(scope, receive, send_with_headers)
+        except Exception as exc:
+            if not started:
+                await error_response(exc)(scope, receive, send_with_headers)
+            raise
 
 
 def relative_location(location: str, host: str) -> str:

@@ -7,9 +7,9 @@ from disk, no engine. Errors on a page are pages (a 401 is the login form);
 errors elsewhere keep the API's OpenAI error body.
 
 Example:
-    >>> app = create_app(ServerConfig(), backend_factory=factory)
-    >>> mount_ui(app, runs="runs")
-    >>> ui_only = create_ui_app(UISettings(runs=Path("runs")))
+    >>> app = create_app(ServerConfig(), backend_factory=factory)  # doctest: +SKIP
+    >>> mount_ui(app, runs="runs")  # doctest: +SKIP
+    >>> ui_only = create_ui_app(UISettings(runs=Path("runs")))  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -73,18 +73,21 @@ def install(app: FastAPI, settings: UISettings, headers_on: str = HOME) -> FastA
     app.mount(f"{HOME}/static", StaticFiles(directory=STATIC), name="ui-static")
     for kind in (RefineryError, RequestValidationError, StarletteHTTPException):
         app.add_exception_handler(kind, handle)
-    close_on_shutdown(app, DRAWER.close)
+    with_lifespan(app, DRAWER.warm if settings.draw_in_process else None, DRAWER.close)
     return app
 
 
-def close_on_shutdown(app: FastAPI, close: Callable[[], None]) -> None:
-    """Call ``close`` when ``app`` shuts down, after the lifespan it already has (the
-    engine's, under ``refinery serve``): wrapped, since a lifespan replaces the
-    shutdown handlers an app would otherwise run."""
+def with_lifespan(app: FastAPI, start: Callable[[], None] | None,
+                  close: Callable[[], None]) -> None:
+    """Call ``start`` (if any) when ``app`` starts and ``close`` when it shuts down,
+    around the lifespan it already has (the engine's, under ``refinery serve``):
+    wrapped, since a lifespan replaces the handlers an app would otherwise run."""
     inner = app.router.lifespan_context
 
     @asynccontextmanager
     async def lifespan(app_: Any) -> AsyncIterator[Any]:
+        if start is not None:
+            start()
         try:
             async with inner(app_) as state:
                 yield state

@@ -30,10 +30,11 @@ from refinery.serving.dependencies import (
     session_cookie,
     sessions_of,
 )
-from refinery.serving.middleware import is_same_origin
+from refinery.serving.middleware import CrossOriginError, is_same_origin
 from refinery.ui.settings import UISettings
 
 HOME = "/ui"
+OTHER_SITES = frozenset({"cross-site", "same-site"})
 
 
 def ui_settings(request: Request) -> UISettings:
@@ -58,6 +59,22 @@ async def require_key(request: Request) -> None:
     """
     session_ok = is_navigation(request) or is_same_origin(request.headers)
     check_key(request, ui_settings(request).api_keys, session_ok=session_ok)
+
+
+async def refuse_other_sites(request: Request) -> None:
+    """Refuse a page that reads run files or draws a trace when another site made the
+    browser ask for it (``Sec-Fetch-Site: cross-site`` or ``same-site``: another local
+    port is the same site). An ``<img>`` on another port's page would otherwise start
+    drawings in the user's name; following a link from there is refused as well.
+
+    Raises:
+        CrossOriginError: the browser says another site asked (403).
+    """
+    site = request.headers.get("sec-fetch-site")
+    if site in OTHER_SITES:
+        raise CrossOriginError(f"refused: this page reads run files, and a {site} page "
+                               "asked for it; open it from this server's own pages",
+                               code="cross_origin")
 
 
 def safe_next(target: str | None) -> str:

@@ -5,11 +5,11 @@ file names reach the page as text, never as markup. The Content-Security-Policy
 allows scripts and styles from ``/ui/static`` only, so even a tag that escaped
 escaping would not run (no inline script, no event-handler attribute).
 
-Pages are built and rendered off the event loop: trace pages in a worker process
-(:func:`draw_page`, :mod:`refinery.ui.drawing`), the others in worker threads
-(:func:`off_loop`, at most :data:`RENDER_THREADS` at a time). Reading a run's
-files or drawing a large trace never stalls the other requests the server is
-answering.
+Pages that read run files or draw a trace are built and rendered in a worker
+process (:func:`draw_page`, :mod:`refinery.ui.drawing`), or in worker threads when
+the settings say so (:func:`off_loop`, at most :data:`RENDER_THREADS` at a time):
+never on the event loop, and in a process of their own never holding the GIL the
+server's other requests need.
 
 Example:
     >>> render(request, "runs.html", page="runs", runs=list_runs(root))  # doctest: +SKIP
@@ -31,13 +31,21 @@ from fastapi.responses import HTMLResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from pydantic import ValidationError
 
-from refinery.engine.errors import InvalidRequestError, NotFoundError
+from refinery.engine.errors import (
+    InvalidRequestError,
+    NotFoundError,
+    RefineryError,
+    RequestTooLargeError,
+)
 from refinery.engine.trace import Trace
 from refinery.eval.runner import TRACES
+from refinery.serving.clients import client_id
 from refinery.ui.auth import ui_settings
-from refinery.ui.drawing import DRAWER
+from refinery.ui.drawing import DRAWER, PAGE_COST
+from refinery.ui.files import stamp
 from refinery.ui.plot import Plot, accuracy_plot
 from refinery.ui.runs import (
+    MAX_TRACE_BYTES,
     RunRow,
     find_trace,
     invalid_because,
@@ -86,12 +94,15 @@ def render_html(template: str, settings: UISettings, **context: Any) -> bytes:
     return html.encode("utf-8", "backslashreplace")
 
 
-async def draw_page(request: Request, draw: Callable[..., bytes], *args: Any) -> HTMLResponse:
-    """The trace page ``draw(settings, *args)`` makes, drawn in the worker process (in a
-    worker thread when ``settings.draw_in_process`` is off)."""
+async def draw_page(request: Request, draw: Callable[..., bytes], *args: Any,
+                    cost: int = PAGE_COST) -> HTMLResponse:
+    """The page ``draw(settings, *args)`` makes, drawn in the worker process as ``cost``
+    of this client's share (in a worker thread when ``settings.draw_in_process`` is
+    off)."""
     settings = ui_settings(request)
     if settings.draw_in_process:
-        html = await DRAWER.draw(draw, settings, *args)
+        html = await DRAWER.draw(draw, settings, *args, cost=cost,
+                                 client=client_id(request.scope))
     else:
         html = await off_loop(request, lambda: draw(settings, *args))
     return HTMLResponse(html, headers=HEADERS)
@@ -187,6 +198,27 @@ def run_trace_page(settings: UISettings, name: str, task: str) -> dict[str, Any]
     return {"view": view, "run": name, "source": f"run {name}", "notes": notes + skipped}
 
 
+def draw_runs(settings: UISettings) -> bytes:
+    """The runs list (a :func:`draw_page` drawing)."""
+    return render_html("runs.html", settings, page="runs", **runs_page(settings))
+
+
+def draw_run(settings: UISettings, name: str) -> bytes:
+    """One run's page (a :func:`draw_page` drawing)."""
+    return render_html("run.html", settings, page="runs", **run_page(settings, name))
+
+
+def run_trace_cost(settings: UISettings, name: str) -> int:
+    """What drawing a trace of run ``name`` may parse: its traces file, up to the
+    largest line the page reads (the page's own cost when there is none)."""
+    try:
+        root = runs_root(settings)
+        found = stamp(root, resolve_run(root, name) / TRACES)
+    except RefineryError:  # the drawing says what is wrong
+        return PAGE_COST
+    return PAGE_COST + min(found.size if found else 0, MAX_TRACE_BYTES)
+
+
 def draw_run_trace(settings: UISettings, name: str, task: str) -> bytes:
     """The page of a run's problem's trace (a :func:`draw_page` drawing)."""
     return render_html("trace.html", settings, page="trace",
@@ -209,6 +241,10 @@ def posted_trace_page(settings: UISettings, fields: dict[str, str]) -> dict[str,
         InvalidRequestError: the ``trace`` field is not a trace.
     """
     text = fields.get("trace", "").strip()
+    if len(text) > MAX_TRACE_BYTES:  # characters: at least as many bytes
+        raise RequestTooLargeError(f"a trace of {len(text):,} characters is over the page's "
+                                   f"limit of {MAX_TRACE_BYTES:,} bytes, that of a run's "
+                                   "trace line too", param="trace")
     try:
         trace = Trace.model_validate_json(text)
     except ValidationError as exc:

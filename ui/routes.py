@@ -2,9 +2,10 @@
 
 Every page and the page's JSON API are behind ``require_key`` (the server's API
 keys, by bearer header or the login session); the login form and the static
-files are not. Pages that read run files are built in worker threads
-(``off_loop``), trace pages in a worker process (``draw_page``): never on the
-event loop. None is in the OpenAPI schema: the schema documents the API.
+files are not. Pages that read run files or draw a trace are refused to other
+sites (``refuse_other_sites``) and drawn in a worker process (``draw_page``),
+admitted by cost: never on the event loop. None is in the OpenAPI schema: the
+schema documents the API.
 """
 
 from __future__ import annotations
@@ -17,24 +18,29 @@ from refinery.serving.throttle import TooManyWrongKeysError
 from refinery.ui.auth import (
     login_response,
     logout_response,
+    refuse_other_sites,
     require_key,
     ui_settings,
 )
+from refinery.ui.drawing import PAGE_COST
 from refinery.ui.pages import (
     draw_page,
     draw_posted_trace,
+    draw_run,
     draw_run_trace,
+    draw_runs,
     form_body,
     form_fields,
-    off_loop,
     render,
-    run_page,
-    runs_page,
+    run_trace_cost,
 )
 from refinery.ui.specs import SpecCheck, check_spec
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 PAGE = [Depends(require_key)]
+# Pages that read run files or draw: never for another site (an <img> of another
+# local port's page would start them in the user's browser).
+RUN_PAGE = [Depends(refuse_other_sites), *PAGE]
 KEY_IN_ADDRESS = ("A key in the address is not used: addresses are kept in logs and "
                   "browser history. Enter it here instead.")
 
@@ -44,32 +50,30 @@ async def playground(request: Request) -> HTMLResponse:
     return render(request, "playground.html", page="playground")
 
 
-@router.get("/runs", dependencies=PAGE)
+@router.get("/runs", dependencies=RUN_PAGE)
 async def runs(request: Request) -> HTMLResponse:
-    settings = ui_settings(request)
-    return await off_loop(request, lambda: render(request, "runs.html", page="runs",
-                                                  **runs_page(settings)))
+    return await draw_page(request, draw_runs)
 
 
-@router.get("/run", dependencies=PAGE)
+@router.get("/run", dependencies=RUN_PAGE)
 async def run(request: Request, path: str = Query(max_length=1000)) -> HTMLResponse:
-    settings = ui_settings(request)
-    return await off_loop(request, lambda: render(request, "run.html", page="runs",
-                                                  **run_page(settings, path)))
+    return await draw_page(request, draw_run, path)
 
 
-@router.get("/trace", dependencies=PAGE)
+@router.get("/trace", dependencies=RUN_PAGE)
 async def trace(request: Request, run: str | None = Query(None, max_length=1000),
                 task: str | None = Query(None, max_length=1000)) -> HTMLResponse:
     """A run's problem's trace; without both parameters, the form to paste one."""
     if run is None or task is None:
         return render(request, "trace_open.html", page="trace")
-    return await draw_page(request, draw_run_trace, run, task)
+    cost = run_trace_cost(ui_settings(request), run)
+    return await draw_page(request, draw_run_trace, run, task, cost=cost)
 
 
 @router.post("/trace", dependencies=PAGE)
 async def posted_trace(request: Request) -> HTMLResponse:
-    return await draw_page(request, draw_posted_trace, await form_body(request))
+    body = await form_body(request)
+    return await draw_page(request, draw_posted_trace, body, cost=PAGE_COST + len(body))
 
 
 @router.get("/api/spec", dependencies=PAGE)

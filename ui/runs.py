@@ -50,7 +50,7 @@ from refinery.ui.files import complete_lines as file_lines
 MAX_DEPTH = 3
 MAX_CONFIG_BYTES = 8 << 20
 MAX_RESULTS_BYTES = 64 << 20
-MAX_TRACE_BYTES = 4 << 20  # a trace line of a run, or a posted trace: the same limit
+MAX_TRACE_BYTES = 8 << 20  # a trace line of a run, or a posted trace: the same limit
 NAME_MAX = 255  # bytes of one file name (Linux): a longer one names nothing
 MAX_NOTES = 20  # per file; the rest are counted
 ID_PREFIX_BYTES = 4096  # a trace line's task id is read from this much of its head
@@ -102,7 +102,7 @@ class TraceIndex:
     notes: list[str]
 
 
-RUN_FILES: VersionCache[RunFiles] = VersionCache(size=32)  # results rows: large
+RUN_FILES: VersionCache[RunFiles] = VersionCache(size=16)  # results rows: large
 RUN_ROWS: VersionCache[RunRow] = VersionCache(size=100_000)  # the list's rows: small
 TRACE_INDEXES: VersionCache[TraceIndex] = VersionCache(size=32)
 

@@ -114,7 +114,7 @@ async def test_a_redirect_never_names_the_host_it_was_asked_under(scripted_serve
 
 def test_header_helpers() -> None:
     assert host_name("LocalHost:8000") == "localhost" and host_name("[::1]:80") == "::1"
-    assert host_name("::1") == "::1" and host_name("a.example") == "a.example"
+    assert host_name("::1") is None and host_name("a.example") == "a.example"  # RFC 3986
     assert same_netloc("http://127.0.0.1:8000", "127.0.0.1:8000")
     assert same_netloc("http://localhost", "localhost:80")
     assert not same_netloc("http://127.0.0.1:8001", "127.0.0.1:8000")

@@ -9,6 +9,8 @@ import asyncio
 import os
 import pickle
 import signal
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -17,7 +19,13 @@ from fastapi.testclient import TestClient
 from refinery.engine.errors import OverCapacityError
 from refinery.serving import ServerConfig, create_app
 from refinery.ui import UISettings, create_ui_app, mount_ui, pages
-from refinery.ui.drawing import DRAWER, Drawer, DrawingStoppedError
+from refinery.ui.drawing import (
+    DRAWER,
+    PAGE_COST,
+    Drawer,
+    DrawingStoppedError,
+    DrawingTooLargeError,
+)
 from tests.ui.conftest import RUN, scripted_backend
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,6 +43,23 @@ def never_answers() -> bytes:
         signal.pause()
 
 
+def when_exists(path: str) -> bytes:
+    """A drawing that ends once ``path`` exists (the test creates it), saying so."""
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return path.encode()
+
+
+def touch(path: str) -> None:
+    """Make ``path`` exist: the drawings waiting on it end."""
+    Path(path).touch()
+
+
+def allocates(size: int) -> bytes:
+    """A drawing that needs ``size`` bytes at once."""
+    return bytes(len(bytearray(size)) % 7)
+
+
 def gone(pids: list[int]) -> bool:
     """Whether none of ``pids`` is still a running process."""
     procs = [psutil.Process(p) for p in pids if psutil.pid_exists(p)]
@@ -44,7 +69,7 @@ def gone(pids: list[int]) -> bool:
 
 @pytest.fixture
 async def drawer():
-    drawer = Drawer(processes=1, max_waiting=2)
+    drawer = Drawer(processes=1, max_cost=2 * PAGE_COST, client_share=2 * PAGE_COST)
     yield drawer
     drawer.close()
 
@@ -93,7 +118,7 @@ def test_settings_pickle_with_read_only_presets() -> None:
 
 def test_the_trace_page_is_drawn_by_the_drawer_unless_settings_say_threads(
         recorded_runs, monkeypatch) -> None:
-    monkeypatch.setattr(pages, "DRAWER", Drawer(max_waiting=0))  # refuses every drawing
+    monkeypatch.setattr(pages, "DRAWER", Drawer(max_cost=0))  # refuses every drawing
     for in_process, status in ((True, 429), (False, 200)):
         app = create_ui_app(UISettings(runs=recorded_runs, draw_in_process=in_process))
         r = TestClient(app).get(TRACE)
@@ -121,3 +146,73 @@ def test_the_apps_shutdown_kills_the_drawing_process(recorded_runs, server) -> N
         pids = DRAWER.pids()
         assert len(pids) == 1
     assert DRAWER.pids() == [] and gone(pids)
+
+
+async def test_work_is_admitted_by_cost_and_each_client_to_its_share(tmp_path) -> None:
+    drawer = Drawer(max_cost=5 * PAGE_COST, client_share=3 * PAGE_COST)
+    release = str(tmp_path / "release")
+    try:
+        held = [asyncio.ensure_future(drawer.draw(when_exists, release, cost=2 * PAGE_COST,
+                                                  client="a"))]
+        await asyncio.sleep(0)  # one turn of the loop: admitted
+        with pytest.raises(OverCapacityError) as refused:  # past a's share
+            await drawer.draw(when_exists, release, cost=2 * PAGE_COST, client="a")
+        assert refused.value.code == "drawing_busy"
+        held.append(asyncio.ensure_future(drawer.draw(when_exists, release,
+                                                      cost=3 * PAGE_COST, client="b")))
+        await asyncio.sleep(0)
+        with pytest.raises(OverCapacityError):  # within c's share, past the whole
+            await drawer.draw(worker_pid, client="c")
+        assert drawer.admitted() == {"a": 2 * PAGE_COST, "b": 3 * PAGE_COST}
+        touch(release)
+        assert await asyncio.gather(*held) == [release.encode()] * 2
+        assert drawer.admitted() == {}
+        assert int(await drawer.draw(worker_pid, client="c")) in drawer.pids()
+    finally:
+        drawer.close()
+
+
+async def test_clients_take_turns_so_a_small_page_waits_for_one_drawing_only(
+        tmp_path) -> None:
+    drawer = Drawer(max_cost=100 * PAGE_COST, client_share=50 * PAGE_COST)
+    flood = [str(tmp_path / f"big-{i}") for i in range(8)]
+    try:
+        big = [asyncio.ensure_future(drawer.draw(when_exists, path, cost=5 * PAGE_COST,
+                                                 client="flood"))
+               for path in flood]
+        await asyncio.sleep(0)  # all eight admitted, the first one drawing
+        small = asyncio.ensure_future(drawer.draw(worker_pid, client="reader"))
+        await asyncio.sleep(0)
+        touch(flood[0])  # the first large drawing ends...
+        # ...and the reader's page is next, before the flood's second (still held):
+        # were the pages drawn in the order they came, this would wait forever.
+        assert int(await asyncio.wait_for(small, 60)) in drawer.pids()
+        assert not any(task.done() for task in big[1:])
+        for path in flood[1:]:
+            touch(path)
+        assert len(await asyncio.gather(*big)) == 8
+    finally:
+        drawer.close()
+
+
+async def test_a_page_past_the_workers_memory_is_a_413_and_the_next_is_drawn() -> None:
+    drawer = Drawer(memory=1 << 30)
+    try:
+        with pytest.raises(DrawingTooLargeError) as exc:
+            await drawer.draw(allocates, 1 << 30)
+        assert exc.value.status == 413 and "more memory" in exc.value.message
+        assert await drawer.draw(allocates, 1 << 20) == bytes((1 << 20) % 7)
+    finally:
+        drawer.close()
+
+
+@pytest.mark.parametrize(("site", "status"), [
+    ("cross-site", 403), ("same-site", 403), ("same-origin", 200), ("none", 200), (None, 200),
+])
+def test_no_page_reading_runs_is_started_by_another_site(recorded_runs, site, status):
+    client = TestClient(create_ui_app(UISettings(runs=recorded_runs, draw_in_process=False)))
+    headers = {"Sec-Fetch-Site": site} if site else {}
+    for url in (TRACE, "/ui/runs", f"/ui/run?path={RUN}"):
+        r = client.get(url, headers=headers)
+        assert r.status_code == status, (url, r.text[-300:])
+        assert ("this page reads run files" in r.text) is (status == 403)

@@ -39,7 +39,9 @@ def runs(recorded_runs: Path, tmp_path: Path) -> Path:
 
 @pytest.fixture
 def ui(runs: Path) -> TestClient:
-    return TestClient(create_ui_app(UISettings(runs=runs)), raise_server_exceptions=False)
+    # Drawn in the test's process: the caches it counts are this process's.
+    return TestClient(create_ui_app(UISettings(runs=runs, draw_in_process=False)),
+                      raise_server_exceptions=False)
 
 
 def spoil_results(runs: Path, line: bytes, at: int = 1) -> None:

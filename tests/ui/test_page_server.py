@@ -182,7 +182,7 @@ def test_a_fifo_results_file_neither_holds_refinery_ui_nor_its_sigterm(recorded_
     try:
         url = f"http://127.0.0.1:{port}"
         wait_until_up(url, proc)
-        r = httpx.get(url + "/ui/runs", timeout=10)
+        r = httpx.get(url + "/ui/runs", timeout=60)  # the first page may start the worker
         assert r.status_code == 200 and "results.jsonl is not a regular file" in r.text
         assert httpx.get(url + "/ui/login", timeout=10).status_code == 200
         proc.send_signal(signal.SIGTERM)
