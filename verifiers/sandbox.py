@@ -117,6 +117,7 @@ class SandboxConfig(BaseModel):
     max_workers: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     allow_unsandboxed: bool = False
     python: str = "/usr/bin/python3"
+    bwrap: str = Field("bwrap", description="the bubblewrap executable: a name on PATH or a path")
     uid_first: int = Field(60000, ge=1000, description="first uid of the per-run uid pool")
     uid_count: int = Field(256, ge=1)
 
@@ -175,7 +176,8 @@ class Sandbox:
         (False, 1)
     """
 
-    _probe_cache: dict[tuple[str, bool], str | None] = {}  # (python, as_root) -> error or None
+    # (python, bwrap, as_root) -> error or None
+    _probe_cache: dict[tuple[str, str, bool], str | None] = {}
 
     def __init__(self, config: SandboxConfig | None = None, **overrides: object) -> None:
         base = config or SandboxConfig()
@@ -216,13 +218,13 @@ class Sandbox:
         return "rlimit"
 
     def _probe(self) -> str | None:
-        key = (self.config.python, self._root)
+        key = (self.config.python, self.config.bwrap, self._root)
         if key in self._probe_cache:
             return self._probe_cache[key]
         import subprocess
 
-        if shutil.which("bwrap") is None:
-            error: str | None = "bwrap not found on PATH"
+        if shutil.which(self.config.bwrap) is None:
+            error: str | None = f"{self.config.bwrap} not found"
         elif self._root and shutil.which("setpriv") is None:
             error = "setpriv not found on PATH"
         else:
@@ -278,7 +280,7 @@ class Sandbox:
         if mode == "rlimit":
             return cmd + argv
         size = str(self.config.disk_mb * 1024 * 1024)
-        jail = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
+        jail = [self.config.bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
                 "--die-with-parent", "--new-session", "--as-pid-1", "--hostname", "sandbox",
                 "--ro-bind", "/usr", "/usr"]
         for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
