@@ -7,7 +7,7 @@ limit, Host, origin and content-type checks, security headers),
 and ``state`` (the typed state on ``app.state.server``).
 
 Example:
-    >>> app = create_app(ServerConfig(), backend_factory=lambda: VLLMBackend.create())  # doctest: +SKIP
+    >>> app = create_app(ServerConfig(), backend_factory=VLLMBackend.create)  # doctest: +SKIP
     >>> uvicorn.run(app, host="127.0.0.1", port=8000)  # doctest: +SKIP
 """
 

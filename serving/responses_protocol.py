@@ -256,6 +256,12 @@ class ConversationRequest(OpenAIBase):
     metadata: dict[str, str] | None = None
 
 
+class ConversationUpdate(OpenAIBase):
+    """``POST /v1/conversations/{id}``: the conversation's new metadata."""
+
+    metadata: dict[str, str]
+
+
 class ItemsRequest(OpenAIBase):
     """``POST /v1/conversations/{id}/items``: up to 20 items to append."""
 

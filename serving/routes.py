@@ -29,7 +29,9 @@ from refinery.serving.responses import PARAMS, ResponsesEndpoint, chat_request, 
 from refinery.serving.responses_protocol import (
     ConversationObject,
     ConversationRequest,
+    ConversationUpdate,
     Deleted,
+    InputItem,
     ItemList,
     ItemsRequest,
     ResponseObject,
@@ -127,6 +129,14 @@ async def conversation(conversation_id: str, state: State, scope: Scope) -> Conv
                  conversation_id)
 
 
+@router.post("/v1/conversations/{conversation_id}", dependencies=AUTHORIZED, responses=ERRORS)
+async def update_conversation(conversation_id: str, req: ConversationUpdate, state: State,
+                              scope: Scope) -> ConversationObject:
+    return found(the_store(state.store).update_conversation(conversation_id, scope,
+                                                            req.metadata), "Conversation",
+                 conversation_id)
+
+
 @router.delete("/v1/conversations/{conversation_id}", dependencies=AUTHORIZED,
                responses=ERRORS)
 async def delete_conversation(conversation_id: str, state: State, scope: Scope) -> Deleted:
@@ -154,6 +164,25 @@ async def add_conversation_items(conversation_id: str, req: ItemsRequest, state:
     found(the_store(state.store).append_items(conversation_id, scope, items) or None,
           "Conversation", conversation_id)
     return page(items, limit=len(items), order="asc")
+
+
+@router.get("/v1/conversations/{conversation_id}/items/{item_id}", dependencies=AUTHORIZED,
+            responses=ERRORS, response_model_exclude_none=True)
+async def conversation_item(conversation_id: str, item_id: str, state: State,
+                            scope: Scope) -> InputItem:
+    items = found(the_store(state.store).conversation_items(conversation_id, scope),
+                  "Conversation", conversation_id)
+    return found(next((i for i in items if i.id == item_id), None), "Item", item_id)
+
+
+@router.delete("/v1/conversations/{conversation_id}/items/{item_id}", dependencies=AUTHORIZED,
+               responses=ERRORS)
+async def delete_conversation_item(conversation_id: str, item_id: str, state: State,
+                                   scope: Scope) -> ConversationObject:
+    """Delete one item; the answer is the conversation, as OpenAI's."""
+    store = the_store(state.store)
+    found(store.delete_item(conversation_id, scope, item_id) or None, "Item", item_id)
+    return found(store.conversation(conversation_id, scope), "Conversation", conversation_id)
 
 
 @router.get("/v1/models", dependencies=[Depends(authorize)], responses=ERRORS)
@@ -185,3 +214,4 @@ async def health(state: State) -> Response:
     200: {"description": "Prometheus text.", "content": {"text/plain": {}}}})
 async def prometheus(state: State) -> Response:
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+

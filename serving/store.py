@@ -177,6 +177,22 @@ class ResponseStore:
                   many=True)
         return True
 
+    def update_conversation(self, id: str, scope: str,
+                            metadata: dict[str, str]) -> ConversationObject | None:
+        """Replace a conversation's metadata (None: no such conversation)."""
+        if not self._run("UPDATE conversations SET metadata = ? WHERE id = ? AND scope = ? "
+                         "AND expires > ? RETURNING id",
+                         (json.dumps(metadata), id, scope, self.clock())):
+            return None
+        return self.conversation(id, scope)
+
+    def delete_item(self, id: str, scope: str, item_id: str) -> bool:
+        """Delete one item of a conversation; False if there is no such item."""
+        if self.conversation(id, scope) is None:
+            return False
+        return bool(self._run("DELETE FROM conversation_items WHERE conversation = ? AND "
+                              "json_extract(item, '$.id') = ? RETURNING seq", (id, item_id)))
+
     def delete_conversation(self, id: str, scope: str) -> bool:
         return bool(self._run("DELETE FROM conversations WHERE id = ? AND scope = ? "
                               "AND expires > ? RETURNING id", (id, scope, self.clock())))

@@ -145,3 +145,24 @@ async def test_without_a_store_continuations_are_refused(scripted_serve):
         await api.responses.create(model=MODEL, input="and?", previous_response_id=r.id)
     assert cont.value.body["param"] == "previous_response_id"
     assert "runs without a store" in cont.value.body["message"]
+
+
+async def test_a_conversation_item_is_read_and_popped_and_its_metadata_replaced(served):
+    client_of, _ = served
+    api = client_of("key-a")
+    conv = await api.conversations.create(items=[
+        {"type": "message", "role": "user", "content": "first"},
+        {"type": "message", "role": "user", "content": "second"}])
+    [newest] = (await api.conversations.items.list(conv.id, limit=1)).data
+    assert (await api.conversations.items.retrieve(newest.id, conversation_id=conv.id)
+            ).content[0].text == "second"
+    after = await api.conversations.items.delete(newest.id, conversation_id=conv.id)
+    assert after.id == conv.id  # OpenAI answers the conversation
+    left = await api.conversations.items.list(conv.id)
+    assert [i.content[0].text for i in left.data] == ["first"]
+    with pytest.raises(openai.NotFoundError) as gone:
+        await api.conversations.items.delete(newest.id, conversation_id=conv.id)
+    assert gone.value.body["message"] == f"Item with id '{newest.id}' not found."
+    updated = await api.conversations.update(conv.id, metadata={"topic": "t"})
+    assert updated.metadata == {"topic": "t"}
+    assert (await api.conversations.retrieve(conv.id)).metadata == {"topic": "t"}
