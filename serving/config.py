@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from refinery.engine.context import LoopPolicy
 from refinery.engine.models import DEFAULT_MODEL, refinery_home
@@ -114,7 +116,7 @@ class ServerConfig:
     presets: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_PRESETS))
     effort: dict[str, EffortLevel] = field(default_factory=lambda: dict(DEFAULT_EFFORT))
     api_keys: frozenset[str] = frozenset()
-    max_concurrent_requests: int = 64
+    max_concurrent_requests: Annotated[int, Field(ge=1)] = 64
     max_request_tokens: int = 200_000
     max_request_calls: int = 512
     max_request_seconds: float = 900.0
@@ -127,9 +129,9 @@ class ServerConfig:
     loop_policy: LoopPolicy = "retry"
     keepalive_seconds: float = 10.0
     on_engine_death: EngineDeathPolicy = "exit"
-    max_engine_restarts: int = 3
+    max_engine_restarts: Annotated[int, Field(ge=0)] = 3
     engine_check_seconds: float = 0.5
-    graceful_timeout: float = 30.0
+    graceful_timeout: Annotated[float, Field(ge=0)] = 30.0
     allowed_hosts: frozenset[str] = field(default_factory=lambda: load_allowed_hosts())
     store: Path | None = field(default_factory=lambda: refinery_home() / "responses.sqlite3")
     store_ttl_seconds: float = 30 * 24 * 3600.0

@@ -1,4 +1,7 @@
-"""Row schemas, training input checks (no model work), weights, and the CLI's exit codes."""
+"""Row schemas, training input checks (no model work) and weights.
+
+The ``refinery distill`` commands' tests are tests/refinery/cli/test_distill.py.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +9,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 
+import psutil
 import pytest
 from pydantic import ValidationError
-from typer.testing import CliRunner
 
-from refinery.distill.cli import distill_app
 from refinery.distill.schema import (
     DistillError,
     example_provenance,
@@ -22,8 +23,7 @@ from refinery.distill.schema import (
     write_rows,
 )
 from refinery.distill.train import default_threads, expand_weights, free_cores, train
-from tests.distill._runs import write_run
-from tests.distill.test_dataset import Q1, RIGHT_1, refine_problem
+from tests.waiting import wait_until
 
 USER = {"role": "user", "content": "2 + 2?"}
 GOOD = {"role": "assistant", "content": "2 + 2 = 4. \\boxed{4}"}
@@ -118,7 +118,9 @@ def test_default_threads_leaves_busy_cores_alone() -> None:
     spin = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True: pass"
     spinners = [subprocess.Popen([sys.executable, "-c", spin, str(c)]) for c in cores]
     try:
-        time.sleep(0.3)
+        # every spinner on its core (it has run), rather than a sleep that may be short
+        assert wait_until(lambda: all(psutil.Process(p.pid).cpu_times().user > 0.05
+                                      for p in spinners), seconds=30)
         assert default_threads(sample_seconds=0.5) == 1
     finally:
         for p in spinners:
@@ -149,42 +151,3 @@ def test_train_refuses_bad_input_before_loading_a_model(tmp_path) -> None:
     with pytest.raises(DistillError, match="pairs.jsonl does not exist"):
         train(good, out=tmp_path / "m2", pairs_path=tmp_path / "pairs.jsonl")
     assert not (tmp_path / "m2").exists()
-
-
-# ----------------------------------------------------------------------------------- CLI
-
-runner = CliRunner()
-
-
-def test_cli_build_writes_rows_and_reports(tmp_path) -> None:
-    run = write_run(tmp_path, "run", [refine_problem()])
-    res = runner.invoke(distill_app, ["build", "--runs", str(run), "--sft",
-                                      str(tmp_path / "s.jsonl"), "--pairs",
-                                      str(tmp_path / "p.jsonl"), "--cot-instruction"])
-    assert res.exit_code == 0, res.output
-    assert "wrote 1 SFT rows (weighted 2)" in res.output and "1 pairs" in res.output
-    [row] = read_rows(tmp_path / "s.jsonl", "sft")
-    assert row.messages[0].content.startswith(Q1 + "\n\n")
-    assert row.messages[-1].content == RIGHT_1
-
-
-def test_cli_bad_input_exits_2(tmp_path) -> None:
-    res = runner.invoke(distill_app, ["build", "--runs", str(tmp_path / "nope"), "--sft",
-                                      str(tmp_path / "s.jsonl")])
-    assert res.exit_code == 2 and "does not exist" in res.output
-    # A run whose problems all fail: nothing to train on.
-    from tests.distill.test_dataset import WRONG_1, sc_problem
-
-    run = write_run(tmp_path, "bad", [sc_problem("p1", Q1, [WRONG_1], "7")])
-    res = runner.invoke(distill_app, ["build", "--runs", str(run), "--sft",
-                                      str(tmp_path / "s.jsonl")])
-    assert res.exit_code == 2 and "no verified SFT rows" in res.output
-    res = runner.invoke(distill_app, ["train", "--sft", str(tmp_path / "missing.jsonl"),
-                                      "--out", str(tmp_path / "m")])
-    assert res.exit_code == 2 and "does not exist" in res.output
-    res = runner.invoke(distill_app, ["train", "--sft", str(tmp_path / "s.jsonl"),
-                                      "--out", str(tmp_path / "m")])
-    assert res.exit_code == 2 and "no sft rows" in res.output
-    res = runner.invoke(distill_app, ["loop", "--dataset", "nope", "--out",
-                                      str(tmp_path / "loop")])
-    assert res.exit_code == 2 and "unknown dataset" in res.output

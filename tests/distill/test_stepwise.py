@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from click.testing import CliRunner
 from pydantic import ValidationError
-from typer.testing import CliRunner
 
-from refinery.distill.cli import distill_app
+from refinery.cli.distill import distill_group as distill_app
 from refinery.distill.schema import DistillError, StepwiseRow, read_rows
 from refinery.distill.stepwise import build_stepwise, finished_paths
 from refinery.engine.trace import Trace, TraceEvent

@@ -1,22 +1,13 @@
-"""One backend factory and one error exit for every command."""
+"""One backend factory for every command (its exit statuses: tests/refinery/cli/test_console.py)."""
 
 from __future__ import annotations
 
 import pytest
-import typer
 
 from refinery.engine.backends.factory import BackendKind, BackendSpec, make_backend
 from refinery.engine.backends.openai import OpenAIBackend
 from refinery.engine.backends.vllm import VLLMBackend
-from refinery.engine.console import exit_status, fail
-from refinery.engine.errors import (
-    BackendUnavailableError,
-    EngineStartError,
-    InvalidRequestError,
-    SpecError,
-    StorageError,
-    UnknownModelError,
-)
+from refinery.engine.errors import InvalidRequestError
 
 
 async def test_vllm_spec_reaches_the_engine_config(monkeypatch) -> None:
@@ -53,22 +44,3 @@ async def test_a_vllm_server_upstream_takes_every_constraint_kind() -> None:
         assert be.structured_outputs == {"json", "json_object", "regex", "choice", "grammar"}
     finally:
         await be.aclose()
-
-
-@pytest.mark.parametrize(("exc", "status"), [
-    (SpecError("bad spec"), 2), (UnknownModelError("no model"), 2),
-    (InvalidRequestError("bad"), 2), (EngineStartError("no memory"), 1),
-    (BackendUnavailableError("dead"), 1), (StorageError("disk full"), 1),
-    (RuntimeError("bug"), 1)])
-def test_exit_status_is_decided_by_the_error_type(exc, status) -> None:
-    assert exit_status(exc) == status
-    with pytest.raises(typer.Exit) as raised:
-        fail(exc)
-    assert raised.value.exit_code == status
-
-
-def test_fail_with_a_message_takes_the_status_given(capsys) -> None:
-    with pytest.raises(typer.Exit) as raised:
-        fail("interrupted", 130)
-    assert raised.value.exit_code == 130
-    assert "error: interrupted" in capsys.readouterr().err

@@ -8,11 +8,11 @@ import subprocess
 import sys
 from collections import deque
 
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
+from refinery.cli import app
 from refinery.engine.trace import Trace
 from refinery.engine.types import Task
-from refinery.eval.cli import eval_app
 from refinery.eval.ray_pool import Placement, _Board, _next_result, _Replica, split_cpus
 
 
@@ -26,9 +26,9 @@ def test_engines_on_one_node_split_its_cpus_and_nodes_do_not_share():
 
 
 def test_replicas_without_ray_is_a_usage_error(tmp_path):
-    res = CliRunner().invoke(eval_app, ["run", "--dataset", "arith", "--strategy", "cot",
-                                        "--out", str(tmp_path / "r"), "--replicas", "2"])
-    assert res.exit_code == 2 and "--replicas need --ray" in res.output
+    res = CliRunner().invoke(app, ["eval", "run", "--dataset", "arith", "--strategy", "cot",
+                                   "--out", str(tmp_path / "r"), "--ray-replicas", "2"])
+    assert res.exit_code == 2 and "--ray-replicas needs --ray" in res.output
     assert not (tmp_path / "r").exists()
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from refinery import strategies
 from refinery.cli import app

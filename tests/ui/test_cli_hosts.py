@@ -12,10 +12,10 @@ import httpx
 import pytest
 import uvicorn
 from fastapi import FastAPI
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from refinery.cli import app as cli
-from tests.ui.conftest import on_loopback
+from tests.servers import on_loopback
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,13 +7,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from refinery import verifiers
+from refinery.cli.verifiers import check_group as check_app
 from refinery.engine.errors import InvalidRequestError
 from refinery.engine.types import Task
 from refinery.verifiers import VERIFIERS, Verdict, Verifier, get_verifier
-from refinery.verifiers.cli import check_app
 from refinery.verifiers.exact import ExactVerifier, RegexVerifier
 
 TASK = Task.from_prompt("q")

@@ -9,9 +9,10 @@ import os
 import signal
 
 import pytest
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
-from refinery.eval.cli import _drain_on_interrupt, eval_app
+from refinery.cli import app
+from refinery.cli.eval import _drain_on_interrupt
 from refinery.eval.runner import RESULTS, read_results, run_eval
 from tests.eval._resume_worker import backend, config
 from tests.eval.test_report import make_run
@@ -21,9 +22,8 @@ runner = CliRunner()
 
 
 def run(*args: str):
-    result = runner.invoke(eval_app, list(args))
-    text = result.output + (getattr(result, "stderr", "") or "")
-    return result, text
+    result = runner.invoke(app, ["eval", *args])
+    return result, result.output  # stdout and stderr
 
 
 def test_bad_dataset_and_bad_spec_exit_2_without_traceback(tmp_path) -> None:
@@ -36,8 +36,8 @@ def test_bad_dataset_and_bad_spec_exit_2_without_traceback(tmp_path) -> None:
     res, text = run("run", "--dataset", "arith", "--strategy", "cott", "--out", out)
     assert res.exit_code == 2 and "unknown strategy 'cott'" in text
     res, text = run("run", "--dataset", "arith", "--strategy", "cot", "--out", out,
-                    "--field", "prompt")
-    assert res.exit_code == 2 and "EXAMPLE_FIELD=COLUMN" in text
+                    "--fields", "prompt")
+    assert (res.exit_code, text) == (2, "error: --fields: expected KEY=VALUE, got 'prompt'\n")
     res, text = run("run", "--dataset", "arith", "--strategy", "cot", "--out", out,
                     "--backend", "openai")
     assert res.exit_code == 2 and "--base-url" in text

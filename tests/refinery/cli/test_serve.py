@@ -7,7 +7,7 @@ import signal
 
 import pytest
 import uvicorn
-from typer.testing import CliRunner
+from click.testing import CliRunner
 
 from refinery import serving
 from refinery.cli import app

@@ -1,0 +1,5 @@
+"""``python -m refinery.cli``: the ``refinery`` command."""
+
+from refinery.cli import main
+
+main()
