@@ -233,7 +233,7 @@ def parse_fields(pairs: Sequence[str] | Mapping[str, str] | None) -> dict[str, s
         items = []
         for p in pairs:
             if "=" not in p:
-                raise DatasetError(f"--field wants EXAMPLE_FIELD=COLUMN, got {p!r}")
+                raise DatasetError(f"--fields wants EXAMPLE_FIELD=COLUMN, got {p!r}")
             k, v = p.split("=", 1)
             items.append((k.strip(), v.strip()))
     allowed = {"id", "prompt", "gold", "level", "verifier"}
@@ -288,7 +288,7 @@ def load_jsonl(path: str | os.PathLike[str], *, fields: Mapping[str, str] | None
                 if required:
                     raise DatasetError(
                         f"{p}:{lineno}: no column {fmap[key]!r} for {key!r}; present: "
-                        f"{sorted(row)} (map it with --field {key}=COLUMN)") from None
+                        f"{sorted(row)} (map it with --fields {key}=COLUMN)") from None
                 return None
         prompt = col("prompt", required=True)
         gold = col("gold", required=needs_gold)
@@ -303,7 +303,7 @@ def load_jsonl(path: str | os.PathLike[str], *, fields: Mapping[str, str] | None
     ids = [e.id for e in out]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
-        raise DatasetError(f"{p}: duplicate id {dup!r}; map a unique column with --field id=COL")
+        raise DatasetError(f"{p}: duplicate id {dup!r}; map a unique column with --fields id=COL")
     return _limit(out, limit)
 
 
@@ -328,7 +328,7 @@ def load_dataset(name: str, *, split: Split = "test", limit: int | None = None,
     if name.endswith(".jsonl") or (Path(name).suffix == ".jsonl"):
         exs = load_jsonl(name, fields=fields, verifier=verifier or "math", limit=limit)
     elif fields:
-        raise DatasetError("--field mappings apply to custom .jsonl datasets only")
+        raise DatasetError("--fields mappings apply to custom .jsonl datasets only")
     elif key == "gsm8k":
         exs = load_gsm8k(split, limit=limit, data_path=data_path)
     elif key in ("math500", "math"):

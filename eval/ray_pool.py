@@ -217,7 +217,7 @@ def _check_fits(ray: Any, options: RayOptions) -> None:
         if each and options.replicas * each > have.get(name, 0):
             raise InvalidRequestError(
                 f"{options.replicas} replicas x {each} {name} do not fit the Ray cluster "
-                f"({have.get(name, 0):g} {name} in all); lower --replicas or the per-actor "
+                f"({have.get(name, 0):g} {name} in all); lower --ray-replicas or the per-actor "
                 f"{name.lower()}s", param="replicas")
 
 
