@@ -73,8 +73,9 @@ class AdaptiveSelfConsistency(Strategy):
     its_hub's BetaSelfConsistency.
 
     Example:
-        >>> attempt = await AdaptiveSelfConsistency(CoT(), max_n=16).solve(task, ctx)
-        >>> attempt.metadata["votes"], attempt.metadata["stopped"]
+        >>> asc = AdaptiveSelfConsistency(CoT(), max_n=16)
+        >>> attempt = await asc.solve(task, ctx)  # doctest: +SKIP
+        >>> attempt.metadata["votes"], attempt.metadata["stopped"]  # doctest: +SKIP
         ({'18': 4}, 'confident')
     """
 

@@ -27,8 +27,9 @@ class BeamSearch(StepSearch):
     Face's search-and-learn.
 
     Example:
-        >>> attempt = await BeamSearch(scorer="arith", width=2, expand=2).solve(task, ctx)
-        >>> attempt.metadata["steps"], attempt.answer
+        >>> beam = BeamSearch(scorer="arith", width=2, expand=2)
+        >>> attempt = await beam.solve(task, ctx)  # doctest: +SKIP
+        >>> attempt.metadata["steps"], attempt.answer  # doctest: +SKIP
         (3, '14')
     """
 

@@ -85,8 +85,8 @@ class BestOfN(LoopStrategy):
     as in search-and-learn), instead of the single best candidate.
 
     Example:
-        >>> attempt = await BestOfN(CoT(), n=4, scorer="judge").solve(task, ctx)
-        >>> attempt.metadata["scorer"], attempt.score
+        >>> attempt = await BestOfN(CoT(), n=4, scorer="judge").solve(task, ctx)  # doctest: +SKIP
+        >>> attempt.metadata["scorer"], attempt.score  # doctest: +SKIP
         ('judge', 0.9)
     """
 

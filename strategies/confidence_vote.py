@@ -5,8 +5,16 @@ confidence reaches the threshold; its confidence is its weight. Kept apart from
 the strategy (``strategies/deepconf.py``) so the vote can be read, and tested, alone.
 
 Example:
+    >>> def trace(answer, confidence):
+    ...     return Attempt(text=answer, answer=answer,
+    ...                    metadata={"measures": {"confidence": confidence}})
+    >>> attempts = [trace("12", 5.0), trace("12", 4.8), trace("7", 9.0), trace("7", 3.0)]
     >>> pool = [voter(a, threshold=4.5) for a in attempts]
-    >>> elect(pool).chosen.attempt.answer
+    >>> [v.weight for v in pool]
+    [5.0, 4.8, 9.0, 0.0]
+    >>> election = elect(pool)
+    >>> election.votes, election.chosen.attempt.answer
+    ({'12': 9.8, '7': 9.0}, '12')
 """
 
 from __future__ import annotations

@@ -67,10 +67,10 @@ class CoTReflection(CoT):
     reflection, as in "Reflection"-tuned models' tagged replies).
 
     Example:
-        >>> attempt = await CoTReflection().solve(task, ctx)
+        >>> attempt = await CoTReflection().solve(task, ctx)  # doctest: +SKIP
         >>> # reply: "<thinking>7 * 2 = 14</thinking><reflection>Right.</reflection>
         >>> #         <output>\\boxed{14}</output>"
-        >>> attempt.text, attempt.metadata["output_from"]
+        >>> attempt.text, attempt.metadata["output_from"]  # doctest: +SKIP
         ('\\\\boxed{14}', 'output')
     """
 

@@ -102,8 +102,8 @@ class CritiqueRefine(LoopStrategy):
     scores parsed.
 
     Example:
-        >>> attempt = await CritiqueRefine(CoT(), rounds=2).solve(task, ctx)
-        >>> attempt.metadata["rubric"]
+        >>> attempt = await CritiqueRefine(CoT(), rounds=2).solve(task, ctx)  # doctest: +SKIP
+        >>> attempt.metadata["rubric"]  # doctest: +SKIP
         {'correctness': 4.0, 'completeness': 3.0, 'reasoning validity': 4.0, 'format': 3.0}
     """
 

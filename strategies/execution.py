@@ -12,8 +12,11 @@ shared by every execution strategy of a process, so its worker cap bounds the
 programs running at once however many strategies run.
 
 Example:
-    >>> run = await execute("```python\\ndef solution():\\n    return 6 * 7\\n```")
-    >>> run.answer, run.ok
+    >>> reply = "```python\\ndef solution():\\n    return 6 * 7\\n```"
+    >>> read_program(reply)
+    'def solution():\\n    return 6 * 7\\n\\nprint(solution())\\n'
+    >>> run = await execute(reply)  # doctest: +SKIP
+    >>> run.answer, run.ok  # doctest: +SKIP
     ('42', True)
 """
 

@@ -36,7 +36,8 @@ class Memory(Strategy):
     into a student that sees no memory.
 
     Example:
-        >>> attempt = await Memory(CoT(), store="runs/pmd/round-1/memory").solve(task, ctx)
+        >>> memory = Memory(CoT(), store="runs/pmd/round-1/memory")
+        >>> attempt = await memory.solve(task, ctx)  # doctest: +SKIP
     """
 
     name = "memory"

@@ -18,9 +18,17 @@ GSM8K questions of one kind share (the same verbs, units and quantities), and
 the ranking is deterministic and inspectable.
 
 Example:
-    >>> store = MemoryStore.load("runs/pmd/round-1/memory")
-    >>> store.retrieve("Ava has 5 apples and buys 3 more. How many?", k=3)
-    ['Add what is bought to what one has before ...']
+    >>> import tempfile
+    >>> lessons = [Lesson(id="l1", problem_id="p1", question="Ava has 5 apples and buys 3.",
+    ...                   lesson="Add what is bought to what one has.", author="m"),
+    ...            Lesson(id="l2", problem_id="p2", question="A box holds 6 eggs. 4 boxes?",
+    ...                   lesson="Multiply the eggs per box by the boxes.", author="m")]
+    >>> directory = tempfile.TemporaryDirectory()
+    >>> MemoryStore(lessons=lessons).save(directory.name)
+    >>> store = MemoryStore.load(directory.name)
+    >>> store.retrieve("Ben has 2 apples and buys 4 more. How many?", k=3)
+    ['Add what is bought to what one has.']
+    >>> directory.cleanup()
 """
 
 from __future__ import annotations
@@ -132,7 +140,9 @@ class MemoryStore(BaseModel):
     Example:
         >>> store = MemoryStore(lessons=[Lesson(id="l1", problem_id="p", question="...",
         ...                                     lesson="Multiply before adding.", author="m")])
-        >>> store.save("runs/pmd/round-1/memory")
+        >>> store.save("runs/pmd/round-1/memory")  # doctest: +SKIP
+        >>> [lesson.lesson for lesson in store.lessons]
+        ['Multiply before adding.']
     """
 
     trajectories: list[Trajectory] = Field(default_factory=list)

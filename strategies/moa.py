@@ -79,8 +79,8 @@ class MoA(Strategy):
     three drafts, a critique, a final answer).
 
     Example:
-        >>> attempt = await MoA(CoT(), n=3).solve(task, ctx)
-        >>> attempt.metadata["draft_answers"], attempt.answer
+        >>> attempt = await MoA(CoT(), n=3).solve(task, ctx)  # doctest: +SKIP
+        >>> attempt.metadata["draft_answers"], attempt.answer  # doctest: +SKIP
         (['18', '20', '18'], '18')
     """
 

@@ -59,8 +59,9 @@ class ProgramOfThought(Strategy):
     Language Models to Self-Debug".
 
     Example:
-        >>> attempt = await ProgramOfThought(repairs=1).solve(Task.from_prompt("6 * 7?"), ctx)
-        >>> attempt.answer, attempt.metadata["runs"]
+        >>> pot = ProgramOfThought(repairs=1)
+        >>> attempt = await pot.solve(Task.from_prompt("6 * 7?"), ctx)  # doctest: +SKIP
+        >>> attempt.answer, attempt.metadata["runs"]  # doctest: +SKIP
         ('42', 1)
     """
 

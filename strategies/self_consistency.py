@@ -60,8 +60,8 @@ class SelfConsistency(LoopStrategy):
 
     Example:
         >>> sc = SelfConsistency(CoT(), n=8)
-        >>> attempt = await sc.solve(task, ctx)
-        >>> attempt.metadata["votes"]
+        >>> attempt = await sc.solve(task, ctx)  # doctest: +SKIP
+        >>> attempt.metadata["votes"]  # doctest: +SKIP
         {'18': 6, '20': 2}
     """
 

@@ -43,8 +43,8 @@ class SSR(LoopStrategy):
     method as before.
 
     Example:
-        >>> attempt = await SSR(CoT()).solve(task, ctx)
-        >>> [s["confidence"] for s in attempt.metadata["steps"]]
+        >>> attempt = await SSR(CoT()).solve(task, ctx)  # doctest: +SKIP
+        >>> [s["confidence"] for s in attempt.metadata["steps"]]  # doctest: +SKIP
         [1.0, 1.0, 0.8]
     """
 

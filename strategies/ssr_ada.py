@@ -19,8 +19,8 @@ class SSRAda(SSR):
     when every step is fully confident). Parameters as ``ssr``.
 
     Example:
-        >>> attempt = await SSRAda(CoT()).solve(task, ctx)
-        >>> attempt.metadata["mode"]
+        >>> attempt = await SSRAda(CoT()).solve(task, ctx)  # doctest: +SKIP
+        >>> attempt.metadata["mode"]  # doctest: +SKIP
         'self_refine'
     """
 

@@ -57,8 +57,8 @@ class SSRPlan(SSRAda):
     then ``Score: 0..5`` (the plans themselves are free text, never parsed).
 
     Example:
-        >>> attempt = await SSRPlan(CoT()).solve(task, ctx)
-        >>> attempt.metadata["rounds"]
+        >>> attempt = await SSRPlan(CoT()).solve(task, ctx)  # doctest: +SKIP
+        >>> attempt.metadata["rounds"]  # doctest: +SKIP
         5
     """
 
