@@ -134,7 +134,7 @@ def score_form(lo: float, hi: float, *, out_of: bool = False,
 
     Example:
         >>> import re
-        >>> bool(re.fullmatch(score_form(0, 5), "The sum is right.\nScore: 5"))
+        >>> bool(re.fullmatch(score_form(0, 5), "The sum is right.\\nScore: 5"))
         True
     """
     tail = f"Score: {grade_pattern(lo, hi)}" + (f"/{re.escape(_num(hi))}" if out_of else "")

@@ -8,7 +8,7 @@ Earlier steps keep the score they got when they were new.
 
 Example:
     >>> scorer = JudgeStepScorer()
-    >>> await scorer.score(task, [["3 + 4 = 7."], ["3 + 4 = 8."]], ctx)
+    >>> await scorer.score(task, [["3 + 4 = 7."], ["3 + 4 = 8."]], ctx)  # doctest: +SKIP
     [[0.81], [0.34]]
 """
 

@@ -18,7 +18,7 @@ another instance, not another scorer.
 
 Example:
     >>> scorer = PRMStepScorer("http://127.0.0.1:8000", "Qwen/Qwen2.5-Math-PRM-7B")
-    >>> await scorer.score(task, [["3 + 4 = 7."], ["3 + 4 = 8."]], ctx)
+    >>> await scorer.score(task, [["3 + 4 = 7."], ["3 + 4 = 8."]], ctx)  # doctest: +SKIP
     [[0.97], [0.08]]
 """
 

@@ -8,7 +8,7 @@ timed out or died is never reused.
 
 Example:
     >>> symbolic_compare("x^2+2x+1", "(x+1)^2", timeout=5.0)
-    (True, 'symbolic')
+    (True, 'math-verify')
 """
 
 from __future__ import annotations
