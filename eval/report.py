@@ -162,14 +162,15 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
         >>> pareto_front([(100, 0.5), (200, 0.4), (300, 0.7)])
         [0, 2]
     """
-    front = []
-    for i, (xi, yi) in enumerate(points):
-        dominated = any(
-            xj <= xi and yj >= yi and (xj < xi or yj > yi)
-            for j, (xj, yj) in enumerate(points) if j != i)
-        if not dominated:
+    # One sweep in order of cost (then accuracy, best first), n log n: a point is on the
+    # front when it is more accurate than every cheaper one, or repeats the last point.
+    front: list[int] = []
+    best = float("-inf")
+    for i in sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1])):
+        if points[i][1] > best or (front and points[i] == points[front[-1]]):
             front.append(i)
-    return sorted(front, key=lambda i: (points[i][0], -points[i][1]))
+            best = max(best, points[i][1])
+    return front
 
 
 def _pct(a: Accuracy) -> str:

@@ -147,32 +147,59 @@ def open_regular(root: Path, path: Path) -> tuple[int, os.stat_result] | None:
     return fd, st
 
 
-def subdirectories(root: Path, path: Path) -> list[str] | None:
-    """The names of the directories in ``path`` (beneath ``root``, or ``root`` itself),
-    symlinks and hidden names left out; None: not a directory reached without links."""
+def stamp_at(dir_fd: int, name: str) -> Stamp | None:
+    """The :class:`Stamp` of the file ``name`` in the open directory ``dir_fd`` (None:
+    there is none).
 
-    def names(fd: int) -> list[str]:
-        with os.scandir(fd) as entries:
-            return sorted(e.name for e in entries
-                          if not e.name.startswith(".") and e.is_dir(follow_symlinks=False))
-
-    def listed(dir_fd: int, name: str) -> list[str]:
-        fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
-        try:
-            return names(fd)
-        finally:
-            os.close(fd)
-
+    Raises:
+        RunFileError: it is a symlink, or not a regular file.
+    """
     try:
-        if path == root:
-            fd = os.open(root, DIR_FLAGS & ~os.O_NOFOLLOW)
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno in MISSING:
+            return None
+        raise _refused(Path(name), exc) from None
+    if stat.S_ISLNK(st.st_mode):
+        raise _linked(Path(name))
+    if not stat.S_ISREG(st.st_mode):
+        raise RunFileError(f"{name} is not a regular file")
+    return Stamp(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def walk_directories(root: Path, depth: int,
+                     visit: Callable[[int, tuple[str, ...]], bool]) -> None:
+    """``visit(dir_fd, parts)`` for ``root`` (``parts == ()``) and each directory below
+    it, up to ``depth`` levels down, each opened relative to the one above without
+    following a link, hidden names left out, in name order. Where ``visit`` returns
+    True, the walk does not go below. An unreadable directory is left out."""
+    try:
+        fd = os.open(root, DIR_FLAGS & ~os.O_NOFOLLOW)  # the root as the operator named it
+    except OSError:
+        return
+    _walk(fd, (), depth, visit)
+
+
+def _walk(fd: int, parts: tuple[str, ...], depth: int,
+          visit: Callable[[int, tuple[str, ...]], bool]) -> None:
+    """:func:`walk_directories` from the open ``fd`` (closed here); recursion at most
+    ``depth`` deep, one descriptor open per level."""
+    try:
+        if visit(fd, parts) or depth == 0:
+            return
+        with os.scandir(fd) as entries:
+            names = sorted(e.name for e in entries
+                           if not e.name.startswith(".") and e.is_dir(follow_symlinks=False))
+        for name in names:
             try:
-                return names(fd)
-            finally:
-                os.close(fd)
-        return beneath(root, path, listed)
-    except (OSError, RunFileError):  # unreadable, or not a directory: no runs in it
-        return None
+                child = os.open(name, DIR_FLAGS, dir_fd=fd)
+            except OSError:  # swapped for a link, gone, unreadable: left out
+                continue
+            _walk(child, (*parts, name), depth - 1, visit)
+    except OSError:
+        return
+    finally:
+        os.close(fd)
 
 
 def read_file(root: Path, path: Path, limit: int) -> bytes | None:

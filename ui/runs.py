@@ -39,11 +39,13 @@ from refinery.eval.results_file import ResultRow, complete_lines, parse_results
 from refinery.eval.runner import CONFIG, RESULTS, TRACES
 from refinery.ui.files import (
     RunFileError,
+    Stamp,
     VersionCache,
     read_at,
     read_file,
     stamp,
-    subdirectories,
+    stamp_at,
+    walk_directories,
 )
 from refinery.ui.files import complete_lines as file_lines
 
@@ -111,22 +113,15 @@ TRACE_INDEXES: VersionCache[TraceIndex] = VersionCache(size=32)
 
 
 def list_runs(root: Path) -> list[RunRow]:
-    """Every run directory under ``root`` (itself included), sorted by name."""
-    return [run_row(root, root / name if name != "." else root, name)
-            for name in sorted(run_names(root))]
+    """Every run directory under ``root`` (itself included), sorted by name; a run is
+    read only when its files changed since the last list (its stamps say)."""
+    return [RUN_ROWS.get((root, path, name), stamps, lambda p=path, n=name: run_row(root, p, n))
+            for name, path, stamps in sorted(found_runs(root))]
 
 
 def run_row(root: Path, path: Path, name: str) -> RunRow:
-    """A run's numbers, or why it has none (an unreadable config, say), with notes;
-    kept per version of the run's files (the list reads no run again unchanged)."""
-    try:
-        stamps = (stamp(root, path / CONFIG), stamp(root, path / RESULTS))
-    except RunFileError:
-        stamps = None  # read again, to say why
-    return RUN_ROWS.get((root, path, name), stamps, lambda: _run_row(root, path, name))
+    """A run's numbers, or why it has none (an unreadable config, say), with notes."""
 
-
-def _run_row(root: Path, path: Path, name: str) -> RunRow:
     files = run_files(root, path, name)
     if files.config is None:
         return RunRow(name=name, error=files.error, notes=files.notes)
@@ -134,19 +129,27 @@ def _run_row(root: Path, path: Path, name: str) -> RunRow:
     return RunRow(name=name, report=report, notes=files.notes)
 
 
-def run_names(root: Path) -> list[str]:
-    """The names of the runs under ``root``: directories holding a regular config file,
-    up to :data:`MAX_DEPTH` levels down, none hidden, none reached through a link."""
-    found, todo = [], [((), MAX_DEPTH)]
-    while todo:
-        parts, depth = todo.pop()
-        path = root.joinpath(*parts)
-        if _is_run(root, path):
-            found.append("/".join(parts) or ".")
-            continue
-        if depth > 0:
-            todo += [((*parts, child), depth - 1)
-                     for child in subdirectories(root, path) or []]
+def found_runs(root: Path) -> list[tuple[str, Path, tuple[Stamp | None, ...] | None]]:
+    """``(name, path, stamps)`` of each run under ``root``: a directory holding a regular
+    config file, up to :data:`MAX_DEPTH` levels down, none hidden, none reached through
+    a link; ``stamps`` are its config's and results' (None: one is not a regular file)."""
+    found = []
+
+    def visit(fd: int, parts: tuple[str, ...]) -> bool:
+        try:
+            config = stamp_at(fd, CONFIG)
+        except RunFileError:  # a FIFO, a link: not a run
+            return False
+        if config is None:
+            return False
+        try:
+            stamps: tuple[Stamp | None, ...] | None = (config, stamp_at(fd, RESULTS))
+        except RunFileError:
+            stamps = None  # its row says why, until the file is regular
+        found.append(("/".join(parts) or ".", root.joinpath(*parts), stamps))
+        return True
+
+    walk_directories(root, MAX_DEPTH, visit)
     return found
 
 
@@ -174,7 +177,7 @@ def resolve_run(root: Path, name: str) -> Path:
 
 
 def _listable(part: str) -> bool:
-    """A directory name the list can show (what ``subdirectories`` yields)."""
+    """A directory name the list can show (what ``walk_directories`` goes into)."""
     try:
         size = len(part.encode("utf-8"))
     except UnicodeEncodeError:
