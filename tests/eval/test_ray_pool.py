@@ -90,7 +90,7 @@ async def test_cli_runs_cot_on_two_actors_like_a_local_run(tmp_path, vllm_backen
     await run_eval(config(tmp_path / "local", "cot"), backend=vllm_backend, progress=False)
     cmd = [str(BIN / "refinery"), "eval", "run", "--dataset", "arith", "--strategy", "cot",
            "--limit", str(N), "--out", str(tmp_path / "ray"), "--max-tokens", "64",
-           "--concurrency", "8", "--ray", "--replicas", "2", "--no-progress"]
+           "--concurrency", "8", "--ray", "--ray-replicas", "2", "--no-progress"]
     done = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True,
                                    env={**os.environ, **ENV}, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
