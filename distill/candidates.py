@@ -8,8 +8,8 @@ refinements that rescued a wrong draft. :func:`clean_solution` strips the
 scaffolding strategies write around a solution.
 
 Example:
-    >>> problems, stats = load_candidates(["runs/sc4-train"])
-    >>> len(problems[0].candidates), stats.candidates
+    >>> problems, stats = load_candidates(["runs/sc4-train"])  # doctest: +SKIP
+    >>> len(problems[0].candidates), stats.candidates  # doctest: +SKIP
     (8, 1600)
 """
 
@@ -115,8 +115,9 @@ class Candidate:
     (``loop``, ``truncated``, ``aborted``, ``malformed``, ``unverified``).
 
     Example:
-        >>> problems, _ = load_candidates(["runs/sc4-train"])
-        >>> [(c.step, c.finish_reason, c.drop) for c in problems[0].candidates][:2]
+        >>> problems, _ = load_candidates(["runs/sc4-train"])  # doctest: +SKIP
+        >>> first = problems[0].candidates[:2]  # doctest: +SKIP
+        >>> [(c.step, c.finish_reason, c.drop) for c in first]  # doctest: +SKIP
         [('draft', 'stop', None), ('draft', 'length', None)]
     """
 
@@ -161,8 +162,9 @@ class BuildStats(BaseModel):
     """What :func:`build` kept and dropped, and why.
 
     Example:
-        >>> stats = build(["runs/sc4-train"], "out/sft.jsonl", "out/pairs.jsonl")
-        >>> stats.dropped
+        >>> from refinery.distill.dataset import build
+        >>> stats = build(["runs/sc4-train"], "out/sft.jsonl", "out/pairs.jsonl")  # doctest: +SKIP
+        >>> stats.dropped  # doctest: +SKIP
         {'malformed': 410, 'truncated': 183}
     """
 

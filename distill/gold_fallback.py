@@ -6,9 +6,12 @@ problems' operation trails give worked solutions; their rows say
 the model's own verified attempts.
 
 Example:
+    >>> from refinery.eval.arith import load_arith
     >>> rows = gold_sft_rows(load_arith("train", limit=8))
-    >>> rows[0].metadata.verifier
-    'gold'
+    >>> rows[0].metadata.verifier, rows[0].metadata.step
+    ('gold', 'gold_solution')
+    >>> rows[0].messages[-1].content
+    'Emma starts with 8.\\n8 - 2 = 6.\\nThe answer is \\\\boxed{6}.'
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ Earlier rounds' store (``previous``) is carried forward, so round R's store
 holds every lesson kept so far; each round writes its own directory.
 
 Example:
-    >>> stats = await build_memory(["runs/pmd/round-1/sample"], "runs/pmd/round-1/memory",
-    ...                            backend, round=1)
-    >>> stats.lessons_kept, stats.patterns
+    >>> stats = await build_memory(["runs/pmd/round-1/sample"],  # doctest: +SKIP
+    ...                            "runs/pmd/round-1/memory", backend, round=1)
+    >>> stats.lessons_kept, stats.patterns  # doctest: +SKIP
     (6, 1)
 """
 

@@ -5,7 +5,16 @@ rows, refinement-edge and correct x incorrect pairs with length-bias control) ar
 described in :mod:`refinery.distill.dataset`.
 
 Example:
-    >>> sft, pairs = build_rows(problems, stats, instruction=None)
+    >>> problem = Problem(key="k", prompt="What is 3 * 4?", problem_id="p1", gold="12")
+    >>> def candidate(raw):
+    ...     return Candidate(problem_id="p1", run="runs/sc4", raw=raw)
+    >>> problem.candidates = [candidate("3 * 4 = 12. \\\\boxed{12}"),
+    ...                       candidate("3 * 4 = 7. \\\\boxed{7}")]
+    >>> sft, pairs = build_rows([problem], BuildStats(), instruction=None)
+    >>> [c.passed for c in problem.candidates], len(sft), len(pairs)
+    ([True, False], 1, 1)
+    >>> pairs[0].metadata.pair_source, pairs[0].metadata.rejected_answer
+    ('correct_incorrect', '7')
 """
 
 from __future__ import annotations

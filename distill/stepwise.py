@@ -17,8 +17,8 @@ that still got there. One row per distinct finished path; problems without gold
 give none (the labels need it).
 
 Example:
-    >>> stats = build_stepwise(["runs/beam-arith"], "out/prm.jsonl")
-    >>> stats.rows, stats.right_steps, stats.wrong_steps
+    >>> stats = build_stepwise(["runs/beam-arith"], "out/prm.jsonl")  # doctest: +SKIP
+    >>> stats.rows, stats.right_steps, stats.wrong_steps  # doctest: +SKIP
     (412, 1093, 688)
 """
 

@@ -35,9 +35,8 @@ Details that matter:
 Measured here (2 cores): 8 steps of batch 8, max_length 512 about 200 s.
 
 Example:
-    >>> result = train("out/sft.jsonl", out="models/arith-r1",
-    ...                max_steps=8)
-    >>> result.eval_loss_before, result.eval_loss_after
+    >>> result = train("out/sft.jsonl", out="models/arith-r1", max_steps=8)  # doctest: +SKIP
+    >>> result.eval_loss_before, result.eval_loss_after  # doctest: +SKIP
     (1.92, 1.41)
 """
 
@@ -103,8 +102,8 @@ class StageResult(BaseModel):
     """One trainer run (SFT or DPO): rows, steps and the logged losses.
 
     Example:
-        >>> read_train_record("models/arith-r1").sft.losses
-        [0.77, 0.87, 0.80, 0.72]
+        >>> read_train_record("models/arith-r1").sft.losses  # doctest: +SKIP
+        [0.77, 0.87, 0.8, 0.72]
     """
 
     rows: int
@@ -119,8 +118,8 @@ class TrainResult(BaseModel):
     """What :func:`train` did; also stored as ``refinery_train.json`` in the checkpoint.
 
     Example:
-        >>> r = read_train_record("models/arith-r1")
-        >>> r.eval_loss_before, r.eval_loss_after, r.sft.steps
+        >>> r = read_train_record("models/arith-r1")  # doctest: +SKIP
+        >>> r.eval_loss_before, r.eval_loss_after, r.sft.steps  # doctest: +SKIP
         (0.81, 0.74, 4)
     """
 
