@@ -104,6 +104,11 @@ class ServerConfig:
     and ``refinery ui``; by default ``REFINERY_ALLOWED_HOSTS`` (comma-separated), for
     a reverse proxy on the same machine.
 
+    ``forwarded_allow_ips`` are the addresses whose ``X-Forwarded-For`` the server
+    believes (a reverse proxy's; none by default, where uvicorn would believe
+    127.0.0.1, every local program): the client address that key throttles and
+    sessions are keyed by. The CLI passes ``uvicorn_proxy_options`` of it to uvicorn.
+
     ``store`` is the SQLite file of stored Responses and conversations (by
     default ``$REFINERY_HOME/responses.sqlite3``; None: nothing is stored, and
     ``previous_response_id`` and ``conversation`` are refused); a stored row
@@ -133,6 +138,7 @@ class ServerConfig:
     engine_check_seconds: float = 0.5
     graceful_timeout: Annotated[float, Field(ge=0)] = 30.0
     allowed_hosts: frozenset[str] = field(default_factory=lambda: load_allowed_hosts())
+    forwarded_allow_ips: frozenset[str] = frozenset()
     store: Path | None = field(default_factory=lambda: refinery_home() / "responses.sqlite3")
     store_ttl_seconds: float = 30 * 24 * 3600.0
 

@@ -9,8 +9,8 @@ from types import MappingProxyType
 from typing import Any
 
 from refinery.engine.context import Budget
-from refinery.strategies.spec import DEFAULT_MAX_CALLS
 from refinery.serving.config import ServerConfig, load_allowed_hosts
+from refinery.strategies.spec import DEFAULT_MAX_CALLS
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,8 @@ class UISettings:
     ``model=None`` is ``refinery ui``: runs and traces from disk, no engine, so
     the playground says where to get one. ``limits`` are the server's per-request
     caps: a playground request sends no budget, so these are the limits its
-    trace is shown against. ``allowed_hosts``: see ``ServerConfig``.
+    trace is shown against. ``allowed_hosts`` and ``forwarded_allow_ips``: see
+    ``ServerConfig``.
 
     ``draw_in_process``: trace pages are drawn in a worker process
     (:mod:`refinery.ui.drawing`), so drawing a large one does not slow the server's
@@ -39,6 +40,7 @@ class UISettings:
     default_max_tokens: int = 512
     default_temperature: float = 0.7
     allowed_hosts: frozenset[str] = field(default_factory=lambda: load_allowed_hosts())
+    forwarded_allow_ips: frozenset[str] = frozenset()
     draw_in_process: bool = True
 
     def __post_init__(self) -> None:
@@ -64,4 +66,5 @@ class UISettings:
                                  max_seconds=config.max_request_seconds),
                    default_max_tokens=config.default_max_tokens,
                    default_temperature=config.default_temperature,
-                   allowed_hosts=config.allowed_hosts)
+                   allowed_hosts=config.allowed_hosts,
+                   forwarded_allow_ips=config.forwarded_allow_ips)

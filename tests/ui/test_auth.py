@@ -4,14 +4,18 @@ own same-origin requests, by the API; nothing without a key."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from refinery.serving.clients import ClientId
+from refinery.serving.clients import ClientId, uvicorn_proxy_options
 from refinery.serving.dependencies import SESSION_COOKIE, Sessions
 from refinery.serving.throttle import KeyThrottle, TooManyWrongKeysError
 from refinery.ui import UISettings, create_ui_app
 from refinery.ui.auth import safe_next
+from tests.servers import on_loopback
 from tests.ui.conftest import RUN, ui_app
 
 KEY = "sk-test-key"
@@ -237,3 +241,31 @@ def test_refinery_ui_takes_keys_too(recorded_runs) -> None:
     assert client.get("/ui/runs").status_code == 401
     client.post("/ui/login", data={"key": KEY})
     assert client.get("/ui/runs").status_code == 200
+
+
+async def wrong_logins(url: str, n: int, **client: Any) -> list[int]:
+    """The statuses of ``n`` wrong logins, each with another ``X-Forwarded-For``."""
+    async with httpx.AsyncClient(base_url=url, **client) as h:
+        return [(await h.post("/ui/login", data={"key": "guess"},
+                              headers={"X-Forwarded-For": f"198.51.100.{i}"})).status_code
+                for i in range(n)]
+
+
+async def test_neither_forwarded_for_nor_another_loopback_address_escapes_the_throttle(
+        recorded_runs) -> None:
+    app = create_ui_app(UISettings(api_keys=frozenset({KEY}), runs=recorded_runs))
+    async with on_loopback(app, **uvicorn_proxy_options(frozenset())) as url:
+        assert await wrong_logins(url, 6) == [401] * 5 + [429]
+        other = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+        assert await wrong_logins(url, 3, transport=other) == [429] * 3
+        async with httpx.AsyncClient(base_url=url, transport=httpx.AsyncHTTPTransport(
+                local_address="127.0.0.3")) as h:
+            r = await h.post("/ui/login", data={"key": KEY}, follow_redirects=False)
+            assert r.status_code == 429  # the right key too: the guesser learns nothing
+
+
+async def test_forwarded_for_is_believed_from_the_addresses_the_operator_lists(
+        recorded_runs) -> None:
+    app = create_ui_app(UISettings(api_keys=frozenset({KEY}), runs=recorded_runs))
+    async with on_loopback(app, **uvicorn_proxy_options(frozenset({"127.0.0.1"}))) as url:
+        assert await wrong_logins(url, 8) == [401] * 8  # eight clients behind the proxy
