@@ -19,7 +19,7 @@ Ray is imported here only, and only by a run that asks for it.
 Example:
     >>> opts = RayOptions(replicas=2)  # a local Ray cluster, two engines
     >>> work = Work("sc(cot, n=4)", BackendSpec(), SamplingParams(), Budget(), "retry")
-    >>> async for trace in iter_ray_run(opts, work, tasks, concurrency=32):
+    >>> async for trace in iter_ray_run(opts, work, tasks, concurrency=32):  # doctest: +SKIP
     ...     print(trace.task_id, trace.attempt.answer)
 """
 

@@ -6,8 +6,8 @@ tokens" marked and connected) and, where problems have levels, accuracy per
 difficulty level.
 
 Example:
-    >>> files = write_report(["runs/cot", "runs/sc8"], "docs", name="arith")
-    >>> files.markdown
+    >>> files = write_report(["runs/cot", "runs/sc8"], "docs", name="arith")  # doctest: +SKIP
+    >>> files.markdown  # doctest: +SKIP
     'docs/arith.md'
 """
 
