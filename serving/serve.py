@@ -6,7 +6,7 @@
 metrics once, when it ends. Capacity and auth are the routes' dependencies.
 
 Example:
-    >>> response = await serve(request, chat_request, CHAT, state)
+    >>> response = await serve(request, chat_request, CHAT, state)  # doctest: +SKIP
 """
 
 from __future__ import annotations

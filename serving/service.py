@@ -102,8 +102,8 @@ class Service:
     """Holds the backend (once ready) and turns requests into strategy runs.
 
     Example:
-        >>> service = Service(ServerConfig(), backend)
-        >>> outcome = await service.run(service.prepare(request))
+        >>> service = Service(ServerConfig(), backend)  # doctest: +SKIP
+        >>> outcome = await service.run(service.prepare(request))  # doctest: +SKIP
     """
 
     def __init__(self, config: ServerConfig, backend: Backend | None = None):

@@ -15,7 +15,7 @@ generations are steps (reasoning) and the constrained call that shapes the
 answer streams as content (or as a named tool call's argument deltas).
 
 Example:
-    >>> async for event in sse(stream_chunks(CHAT, head, prep, service)):
+    >>> async for event in sse(stream_chunks(CHAT, head, prep, service)):  # doctest: +SKIP
     ...     print(event, end="")
 """
 
@@ -107,8 +107,14 @@ def confidence_note(comps: list[Completion]) -> str:
     """The samples' confidences and stops, when a confidence rule measured them (deepconf).
 
     Example:
-        >>> confidence_note(comps)
+        >>> def sample(tokens, **measures):
+        ...     return Completion(text="", prompt_tokens=9, completion_tokens=tokens,
+        ...                       finish_reason="stop", measures=measures)
+        >>> confidence_note([sample(90, confidence=9.123), sample(64, confidence=7.4,
+        ...                                                       stopped_at=64)])
         '(confidence 9.12, 7.40 stopped at token 64) '
+        >>> confidence_note([sample(90)])
+        ''
     """
     parts = [f"{m['confidence']:.2f}" + (f" stopped at token {m['stopped_at']}"
                                          if m.get("stopped_at") is not None else "")

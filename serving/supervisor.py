@@ -9,8 +9,8 @@ runner's ``app.state.stop_server`` and sets ``app.state.engine_died`` so the
 runner exits non-zero. An unreachable upstream is not a death: it recovers.
 
 Example:
-    >>> supervisor = EngineSupervisor(service, config, factory)
-    >>> app = FastAPI(lifespan=supervisor.lifespan)
+    >>> supervisor = EngineSupervisor(service, config, factory)  # doctest: +SKIP
+    >>> app = FastAPI(lifespan=supervisor.lifespan)  # doctest: +SKIP
 """
 
 from __future__ import annotations
