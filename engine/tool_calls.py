@@ -46,6 +46,7 @@ OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
 EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
 DEFAULT_MAX_CALLS = 8
+KEY_PREFIX = "tool_call: "  # what starts a tool-call answer's vote key (``turn_key``)
 
 
 @dataclass(frozen=True)
@@ -189,11 +190,17 @@ def call_key(call: Call) -> str:
 
 
 def turn_key(text: str) -> str | None:
-    """The canonical form of a tool-call answer: its calls' keys in order (None: text)."""
+    """The canonical form of a tool-call answer, its calls' keys in order after
+    ``KEY_PREFIX`` (None: a text answer, or a call cut off).
+
+    Example:
+        >>> turn_key('<tool_call>{"arguments": {"x": 1}, "name": "f"}</tool_call>')
+        'tool_call: f{"x":1}'
+    """
     turn = parse_calls(text)
     if not turn.calls or turn.cut:
         return None
-    return "\n".join(call_key(c) for c in turn.calls)
+    return KEY_PREFIX + "\n".join(call_key(c) for c in turn.calls)
 
 
 def as_format(c: Constraint) -> dict[str, Any]:

@@ -206,7 +206,9 @@ class StructuredOutputs(OpenAIBase):
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
-    structural_tag: Any = Field(None, description="Refused: not supported here.")
+    structural_tag: dict[str, Any] | str | None = Field(
+        None, description="An xgrammar structural tag (as an object or JSON text), "
+        "enforced by the engine.")
     disable_any_whitespace: bool | None = Field(
         None, description="Accepted and ignored: whether JSON is compact is the engine's "
         "setting (VLLMBackend: compact by default).")

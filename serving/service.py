@@ -19,7 +19,11 @@ tool call) and logprobs. Under a strategy the constraint is the run's
 ``final_constraint``: the strategy solves freely (its steps keep their own
 constraints), then one greedy constrained call turns its solution into the
 shape (``engine.run.conform``); that call is the answer, streamed as content,
-and the solution is the reasoning. Logprobs under a strategy are those of the
+and the solution is the reasoning. A turn whose answer may be a tool call
+(``tool_choice`` ``"auto"`` or ``"required"``) is the exception: the strategy's
+tool-turn form (``Strategy.for_tool_turn``) draws every sample under the call's
+constraint and votes on the calls themselves (equal calls written differently
+count as one, ``engine.tool_calls.turn_key``). Logprobs under a strategy are those of the
 sample that became the answer (the constrained call, or the strategy's own
 sample when its answer is one sample's text), else null.
 """
@@ -210,6 +214,12 @@ class Service:
                                         req.reasoning_effort)
         strategy, canonical = self.build(spec)
         out = output_of(req)
+        # A turn that may answer with a tool call: every sample is drawn under the call's
+        # constraint and the strategy votes on (or scores) the samples themselves.
+        tool_turn = spec is not None and out.reply.tools in ("auto", "required")
+        if tool_turn:
+            strategy = strategy.for_tool_turn()
+            canonical = repr(strategy)
         if out.constraint is not None:
             require_support(out.constraint, backend.structured_outputs, backend_name(backend))
         messages, max_tokens = conversation(req, self.config.max_messages)
@@ -221,12 +231,12 @@ class Service:
                 f"{backend.max_model_len} tokens", param="messages",
                 code="context_length_exceeded")
         policy = opts.loop_policy or ("off" if spec is None else self.config.loop_policy)
-        params = self.sampling(req, max_tokens, out, passthrough=spec is None)
+        params = self.sampling(req, max_tokens, out, constrained=spec is None or tool_turn)
         return Prepared(strategy=strategy, spec=canonical, task=Task(id=task_id, messages=messages),
                         params=params, n=req.n,
                         budget=self.budget(opts.budget, level.max_tokens if level else None),
                         loop_policy=policy, trace_mode=opts.trace, reply=out.reply,
-                        final_constraint=None if spec is None else out.constraint)
+                        final_constraint=None if spec is None or tool_turn else out.constraint)
 
     def build(self, spec: str | None) -> tuple[Solver, str | None]:
         """The strategy for ``spec`` and its canonical spelling (passthrough: None)."""
@@ -236,11 +246,11 @@ class Service:
         return strategy, to_spec(graph)
 
     def sampling(self, req: ChatCompletionRequest | CompletionRequest, max_tokens: int | None,
-                 out: Output, *, passthrough: bool) -> SamplingParams:
+                 out: Output, *, constrained: bool) -> SamplingParams:
         """The request's sampling fields, with the server's defaults for the unset ones.
 
-        Only a passthrough call carries the constraint (a strategy gets it as
-        its run's final constraint, so its own steps stay free).
+        Only a passthrough call or a tool turn carries the constraint (a strategy
+        gets any other as its run's final constraint, so its own steps stay free).
         """
         cfg = self.config
         return SamplingParams(
@@ -248,7 +258,7 @@ class Service:
             top_p=1.0 if req.top_p is None else req.top_p,
             max_tokens=max_tokens or cfg.default_max_tokens, stop=req.stop, seed=req.seed,
             logprobs=out.logprobs, top_logprobs=out.top_logprobs,
-            constraint=out.constraint if passthrough else None,
+            constraint=out.constraint if constrained else None,
             thinking_token_budget=req.thinking_token_budget)
 
     def budget(self, asked: RefineryBudget | None, effort_tokens: int | None = None) -> Budget:

@@ -80,6 +80,7 @@ class AdaptiveSelfConsistency(Strategy):
     """
 
     name = "asc"
+    tool_turns = True  # votes or scores its samples, calls included
     min_inner = max_inner = 1
     default_inner = (CoT,)
 

@@ -91,6 +91,7 @@ class BestOfN(LoopStrategy):
     """
 
     name = "best_of_n"
+    tool_turns = True  # votes or scores its samples, calls included
     min_inner = max_inner = 1
     default_inner = (CoT,)
 

@@ -38,6 +38,7 @@ class CoT(Strategy):
     """
 
     name = "cot"
+    tool_turns = True  # its answer is its one sample, a call or text
     samples_in_one_request = True  # sample_inner sends n attempts as one request
 
     class Params(StrategyParams):

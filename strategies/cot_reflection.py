@@ -75,6 +75,7 @@ class CoTReflection(CoT):
     """
 
     name = "cot_reflection"
+    tool_turns = False  # its answer is a section of its text
 
     class Params(CoT.Params):
         instruction: str = Field(INSTRUCTION, description="asks for the three tagged parts")

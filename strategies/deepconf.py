@@ -46,6 +46,7 @@ class DeepConf(Strategy):
     """
 
     name = "deepconf"
+    tool_turns = True  # votes or scores its samples, calls included
     min_inner = max_inner = 1
     default_inner = (CoT,)
 

@@ -109,4 +109,6 @@ def _describe(cls: type[Strategy], aliases: tuple[str, ...]) -> dict[str, Any]:
                        "default": f.default, "description": f.description or ""}
                    for k, f in cls.Params.model_fields.items()},
         "doc": (cls.__doc__ or "").strip().splitlines()[0],
+        # False: a turn whose answer may be a tool call runs as its tool-turn form
+        "tool_turns": cls.tool_turns,
     }

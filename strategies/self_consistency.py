@@ -66,6 +66,7 @@ class SelfConsistency(LoopStrategy):
     """
 
     name = "sc"
+    tool_turns = True  # votes or scores its samples, calls included
     min_inner = max_inner = 1
     default_inner = (CoT,)
 

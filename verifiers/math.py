@@ -34,6 +34,7 @@ from fractions import Fraction
 from typing import Literal
 
 from refinery.engine.errors import InvalidRequestError
+from refinery.engine.tool_calls import KEY_PREFIX, turn_key
 from refinery.engine.types import Task
 from refinery.verifiers.base import Verdict
 from refinery.verifiers.symbolic_workers import symbolic_compare
@@ -176,7 +177,9 @@ def _is_bare(s: str) -> bool:
 def extract_answer(text: str) -> str | None:
     """The final answer in a solution, or ``None``.
 
-    Tried in order: the last ``<answer>...</answer>``; the last ``\\boxed{}``
+    A tool-call answer's answer is its calls' canonical key
+    (:func:`~refinery.engine.tool_calls.turn_key`), so votes count equal calls as one.
+    Otherwise tried in order: the last ``<answer>...</answer>``; the last ``\\boxed{}``
     (nested braces); the last ``#### n``; the last "The answer is X"; the whole
     text when it is itself a bare answer; the last number (GSM8K
     flexible-extract, restricted to matches that contain a digit).
@@ -189,6 +192,8 @@ def extract_answer(text: str) -> str | None:
     """
     if not text:
         return None
+    if (call := turn_key(text)) is not None:
+        return call
     tags = _ANSWER_TAG.findall(text)
     if tags:
         inner = tags[-1].strip()
@@ -322,6 +327,8 @@ def normalize_answer(s: str | None) -> str:
     if s is None:
         return ""
     s = str(s).strip()
+    if s.startswith(KEY_PREFIX):  # a tool-call answer's key is canonical already
+        return s
     boxed = extract_boxed(s) if s.startswith(("\\boxed", "\\fbox")) else None
     if boxed is not None:
         s = boxed

@@ -283,3 +283,23 @@ async def test_sdk_named_tool_call_parses(scripted_serve):
         tools=[tool], tool_choice={"type": "function", "function": {"name": "get_weather"}})
     [call] = r.choices[0].message.tool_calls
     assert call.function.parsed_arguments == Weather(city="Paris")
+
+
+async def test_sc_votes_equal_calls_written_differently_as_one(scripted_serve, client):
+    paris_again = '<tool_call>{"arguments": {"city": "Paris"}, "name": "get_weather"}</tool_call>'
+    rome = CALL.replace("Paris", "Rome")
+    backend = shaped_backend(tagged=[rome, CALL, paris_again])
+    url, _ = await scripted_serve(backend=backend)
+    r = await client.post(url + CHAT, json=tool_chat(
+        model=f"sc(ssr(cot), n=3)@{MODEL}", refinery={"trace": "full"}))
+    body = r.json()
+    assert body["refinery"]["strategy"] == "sc(cot, n=3)"  # ssr cannot act on a tool turn
+    choice = body["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    [call] = choice["message"]["tool_calls"]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    [call_] = backend.calls  # the three samples: one request, under the call's constraint
+    assert call_.n == 3 and call_.params.constraint.kind == "structural_tag"
+    [vote] = [e for e in body["refinery"]["trace"][0]["events"] if "votes" in e["data"]]
+    assert vote["data"]["votes"] == {'tool_call: get_weather{"city":"Rome"}': 1,
+                                     'tool_call: get_weather{"city":"Paris"}': 2}
