@@ -108,6 +108,9 @@ class OneLineErrors(click.Group):
         try:
             status = super().main(args, prog_name, complete_var, standalone_mode=False,
                                   **extra)
+        except click.exceptions.NoArgsIsHelpError as exc:  # a bare group: its help
+            exc.show()
+            status = exc.exit_code
         except click.ClickException as exc:
             click.secho(f"error: {_one_line(exc)}", fg="red", err=True)
             status = exc.exit_code

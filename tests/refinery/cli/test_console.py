@@ -63,3 +63,11 @@ def test_every_error_is_one_line_and_a_status(argv, line) -> None:
     assert "Traceback" not in result.output and "╭" not in result.output
     if line is not None:
         assert result.output == line
+
+
+@pytest.mark.parametrize("argv", [[], ["eval"], ["distill"], ["check"], ["trace"]])
+def test_a_bare_group_prints_its_help_not_an_error(argv) -> None:
+    result = CliRunner().invoke(app, argv)
+    assert result.exit_code == 2
+    assert result.output.startswith(f"Usage: refinery {' '.join(argv)}".rstrip() + " [OPTIONS]")
+    assert "error:" not in result.output and "Commands:" in result.output
