@@ -24,7 +24,7 @@ import httpx
 import pytest
 from playwright.async_api import async_playwright
 
-from refinery.serving.clients import ClientId, LOOPBACK
+from refinery.serving.clients import LOOPBACK, ClientId
 from refinery.ui import UISettings, create_ui_app
 from refinery.ui.drawing import DRAWER
 from tests.servers import on_loopback
