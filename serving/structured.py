@@ -202,7 +202,7 @@ def engine_tools(tools: list[ChatTool]) -> list[Tool]:
     checked (a bad one is a 400 naming it)."""
     for i, t in enumerate(tools):
         schema_constraint(t.function.parameters or EMPTY_OBJECT,
-                          f"tools.{i}.function.parameters")
+                          f"tools[{i}].function.parameters")
     return [Tool(t.function.name, t.function.description or "",
                  t.function.parameters or EMPTY_OBJECT) for t in tools]
 
@@ -237,7 +237,7 @@ def tool_constraint(req: ChatCompletionRequest, text: Constraint | None = None,
         raise InvalidRequestError(f"tool_choice names function {name!r}, which is not "
                                   f"in tools (known: {known})", param="tool_choice")
     params = tools[index].function.parameters or EMPTY_OBJECT
-    constraint = schema_constraint(params, f"tools.{index}.function.parameters", name)
+    constraint = schema_constraint(params, f"tools[{index}].function.parameters", name)
     return Reply("named", name), constraint, named_prompt(tools, name)
 
 
