@@ -31,7 +31,8 @@ WORK_LOG = re.compile(
         r"\(#\d+\)",
         r"\btargets?\b[^.\n]{0,40}\b(?:missed|met)\b",
         r"\btargets?\s*(?:<=|>=|<|>|=)\s*\d",
-        r"\b(?:this|last|next|previous) turn\b",
+        # a chat's turns are "the next turn", "a previous turn": no article, a work turn
+        r"(?<!\ba )(?<!\bthe )(?<!\beach )\b(?:this|last|next|previous) turn\b",
     )),
     re.IGNORECASE,
 )
@@ -99,7 +100,8 @@ def test_work_log_wording_is_found(line):
     "@pytest.fixture(scope='session')", "the user turn, then the assistant turn",
     "setsid puts the child in its own session", "the training target of a round",
     "make test's targets", "an HTTP session cookie",
-    "where a login should lead", "the leading answer", "the old engine's processes are gone",
+    "what a next turn reads", "the previous turn's tool calls", "where a login should lead",
+    "the leading answer", "the old engine's processes are gone",
     "a crash leaves the old file", "~/.cache/refinery", "$REFINERY_HOME/models/<name>",
     "tempfile.mkdtemp() under /tmp", "{{PROJECT}}/pyproject.toml", "a/tmp/x",
 ])
