@@ -21,7 +21,7 @@ constraints), then one greedy constrained call turns its solution into the
 shape (``engine.run.conform``); that call is the answer, streamed as content,
 and the solution is the reasoning. A turn whose answer may be a tool call
 (``tool_choice`` ``"auto"`` or ``"required"``) is the exception: the strategy's
-tool-turn form (``Strategy.for_tool_turn``) draws every sample under the call's
+tool-turn form (``strategies.registry.tool_turn_form``) draws every sample under the call's
 constraint and votes on the calls themselves (equal calls written differently
 count as one, ``engine.tool_calls.turn_key``). Logprobs under a strategy are those of the
 sample that became the answer (the constrained call, or the strategy's own
@@ -61,6 +61,7 @@ from refinery.serving.protocol import (
 )
 from refinery.serving.structured import Output, Reply, message_text, output_of
 from refinery.strategies import build_with_graph
+from refinery.strategies.registry import tool_turn_form
 from refinery.strategies.spec import MAX_SPEC_CHARS, to_spec
 
 
@@ -218,7 +219,7 @@ class Service:
         # constraint and the strategy votes on (or scores) the samples themselves.
         tool_turn = spec is not None and out.reply.tools in ("auto", "required")
         if tool_turn:
-            strategy = strategy.for_tool_turn()
+            strategy = tool_turn_form(strategy)
             canonical = repr(strategy)
         if out.constraint is not None:
             require_support(out.constraint, backend.structured_outputs, backend_name(backend))

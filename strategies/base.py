@@ -100,7 +100,7 @@ class Strategy:
     samples_in_one_request: ClassVar[bool] = False
     # Constraint kinds the parsed steps ask for in structured mode (see ``structured``).
     structured_kinds: ClassVar[frozenset[str]] = frozenset()
-    # Whether it can solve a turn whose answer may be a tool call (see ``for_tool_turn``).
+    # Whether it can solve a turn whose answer may be a tool call (registry.tool_turn_form).
     tool_turns: ClassVar[bool] = False
 
     def __init__(self, *inner: Strategy, **params: Any) -> None:
@@ -126,31 +126,6 @@ class Strategy:
     def worst_case(params: Any, children: Sequence[ChildCost]) -> int:
         """Most model requests one ``solve`` can make, given the children's worst cases."""
         return 1
-
-    def for_tool_turn(self) -> Strategy:
-        """The strategy that solves a turn whose answer may be a tool call.
-
-        Every sample of such a turn is drawn under the tool-call constraint, so only a
-        strategy whose answer is one of its samples, chosen by votes or scores over the
-        calls, can act on it (``tool_turns``: cot, sc, best_of_n, deepconf, asc). Any
-        other runs the turn as its first inner strategy (its tool-turn form), and one
-        with none as ``cot``; an acting strategy gets its inner strategies' forms.
-
-        Example:
-            >>> from refinery.strategies.registry import build
-            >>> build("sc(ssr(cot), n=4)").for_tool_turn(), build("pot").for_tool_turn()
-            (sc(cot, n=4), cot)
-        """
-        if not self.tool_turns:
-            if self.inner:
-                return self.inner[0].for_tool_turn()
-            from refinery.strategies.cot import CoT  # cot subclasses this module's class
-
-            return CoT()
-        inner = [s.for_tool_turn() for s in self.inner]
-        if all(a is b for a, b in zip(inner, self.inner, strict=True)):
-            return self
-        return type(self).from_validated(inner, self.params)
 
     def structured(self, ctx: Context) -> bool:
         """Whether this solve's parsed steps ask for constrained output, per the

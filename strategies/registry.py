@@ -93,6 +93,27 @@ def build(spec: str, *, max_calls: int | None = DEFAULT_MAX_CALLS, **limits: int
     return build_with_graph(spec, max_calls=max_calls, **limits)[0]
 
 
+def tool_turn_form(strategy: Strategy) -> Strategy:
+    """The strategy that solves a turn whose answer may be a tool call.
+
+    Every sample of such a turn is drawn under the tool-call constraint, so only a
+    strategy whose answer is one of its samples, chosen by votes or scores over the
+    calls, can act on it (``tool_turns``: cot, sc, best_of_n, deepconf, asc). Any other
+    runs the turn as its first inner strategy's form, and one with none as ``cot``; an
+    acting strategy gets its inner strategies' forms.
+
+    Example:
+        >>> tool_turn_form(build("sc(ssr(cot), n=4)")), tool_turn_form(build("pot"))
+        (sc(cot, n=4), cot)
+    """
+    if not strategy.tool_turns:
+        return tool_turn_form(strategy.inner[0]) if strategy.inner else CoT()
+    inner = [tool_turn_form(s) for s in strategy.inner]
+    if all(a is b for a, b in zip(inner, strategy.inner, strict=True)):
+        return strategy
+    return type(strategy).from_validated(inner, strategy.params)
+
+
 def describe() -> list[dict[str, Any]]:
     """Every strategy with its parameters and defaults, in registry order (for
     ``refinery strategies``)."""

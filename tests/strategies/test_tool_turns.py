@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from refinery.strategies import describe
-from refinery.strategies.registry import build
+from refinery.strategies.registry import build, tool_turn_form
 
 
 @pytest.mark.parametrize(("spec", "form"), [
@@ -22,12 +22,12 @@ from refinery.strategies.registry import build
     ("pot", "cot"),
 ])
 def test_the_tool_turn_form_of_a_spec(spec, form):
-    assert repr(build(spec).for_tool_turn()) == form
+    assert repr(tool_turn_form(build(spec))) == form
 
 
 def test_a_strategy_that_acts_is_returned_as_it_is():
     strategy = build("sc(cot, n=3)")
-    assert strategy.for_tool_turn() is strategy
+    assert tool_turn_form(strategy) is strategy
 
 
 def test_refinery_strategies_says_which_act_on_tool_turns():
