@@ -245,7 +245,7 @@ def test_refinery_ui_takes_keys_too(recorded_runs) -> None:
 
 async def wrong_logins(url: str, n: int, **client: Any) -> list[int]:
     """The statuses of ``n`` wrong logins, each with another ``X-Forwarded-For``."""
-    async with httpx.AsyncClient(base_url=url, **client) as h:
+    async with httpx.AsyncClient(base_url=url, timeout=60, **client) as h:
         return [(await h.post("/ui/login", data={"key": "guess"},
                               headers={"X-Forwarded-For": f"198.51.100.{i}"})).status_code
                 for i in range(n)]
@@ -258,8 +258,8 @@ async def test_neither_forwarded_for_nor_another_loopback_address_escapes_the_th
         assert await wrong_logins(url, 6) == [401] * 5 + [429]
         other = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
         assert await wrong_logins(url, 3, transport=other) == [429] * 3
-        async with httpx.AsyncClient(base_url=url, transport=httpx.AsyncHTTPTransport(
-                local_address="127.0.0.3")) as h:
+        third = httpx.AsyncHTTPTransport(local_address="127.0.0.3")
+        async with httpx.AsyncClient(base_url=url, timeout=60, transport=third) as h:
             r = await h.post("/ui/login", data={"key": KEY}, follow_redirects=False)
             assert r.status_code == 429  # the right key too: the guesser learns nothing
 

@@ -119,8 +119,8 @@ async def test_a_cookie_another_port_received_opens_nothing_for_another_user(
         replay = as_nobody(REPLAY, url, stolen)
         out, _ = await asyncio.to_thread(replay.communicate, timeout=120)
         assert json.loads(out) == [401, 401]  # the other user: nothing opens
-        async with httpx.AsyncClient(base_url=url) as h:  # the user's own program: the same
-            r = await h.get("/ui/runs", headers={"Cookie": stolen})  # user, no boundary
+        async with httpx.AsyncClient(base_url=url, timeout=60) as h:  # the user's own
+            r = await h.get("/ui/runs", headers={"Cookie": stolen})  # program: no boundary
             assert r.status_code == 200 and RUN in r.text
 
 
