@@ -35,12 +35,12 @@ from pathlib import Path
 
 import httpx
 
+from refinery.eval.datasets import gsm8k_file
+
 HERE = Path(__file__).resolve().parent
 HOME = Path(os.environ.get("REFINERY_HOME", Path.home() / ".cache" / "refinery"))
 CLIENTS = HOME / "peers" / "clients" / "bin"
-DATA = Path(os.environ.get("REFINERY_GSM8K", HERE.parent.parent / "shared" / "data" / "gsm8k"))
-if not DATA.exists():
-    DATA = Path("/work/shared/data/gsm8k")
+DATA = gsm8k_file("test").parent
 MODEL = "smollm2-135m"
 
 TASK_YAML = """task: gsm8k_local

@@ -51,9 +51,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from refinery.engine.loops import CusumLoopDetector, LoopAlarm  # noqa: E402
+from refinery.eval.datasets import gsm8k_file  # noqa: E402
 
 DATA = ROOT / "data" / "loops"
-GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
+GSM8K_TEST = gsm8k_file("test")
 _CHUNK = re.compile(r"\s*\S+|\s+")  # word-sized chunks when no tokenizer is at hand
 
 

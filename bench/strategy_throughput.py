@@ -58,13 +58,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from refinery.engine.backends.vllm import VLLMConfig, all_cpus  # noqa: E402 (no vllm import)
 from refinery.engine.models import DEFAULT_MODEL  # noqa: E402
+from refinery.eval.datasets import gsm8k_file  # noqa: E402
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
 # vLLM's own engines get the same cores as VLLMBackend.
 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", all_cpus())
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-DATA = Path("/work/shared/data/gsm8k/test.jsonl")
+DATA = gsm8k_file("test")
 
 
 def load_tasks(n: int) -> list:

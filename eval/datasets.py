@@ -74,6 +74,14 @@ def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield lineno, row
 
 
+def gsm8k_file(split: str = "test") -> Path:
+    """The local GSM8K JSONL of ``split``: ``$REFINERY_GSM8K`` (a file, or a directory
+    holding ``{split}.jsonl``), else ``<repo>/../shared/data/gsm8k/{split}.jsonl``
+    (which may be absent); the one place benches, scripts and tests find it."""
+    found = _local_file("REFINERY_GSM8K", SHARED_DATA / "gsm8k", split, None)
+    return found or SHARED_DATA / "gsm8k" / f"{split}.jsonl"
+
+
 def _local_file(env: str, default_dir: Path, split: str, data_path: str | None) -> Path | None:
     """The JSONL for a split: an explicit path, then ``$ENV`` (file or dir), then the
     shared data dir beside the repo; ``None`` when there is none (try the hub)."""

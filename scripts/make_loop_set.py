@@ -65,8 +65,11 @@ from pathlib import Path
 
 N_REPEAT = 64  # tokens; see the module docstring for why not 20
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from refinery.eval.datasets import gsm8k_file  # noqa: E402  (the checkout's refinery)
+
 OUT = ROOT / "data" / "loops"
-GSM8K = Path("/work/shared/data/gsm8k/test.jsonl")
+GSM8K = gsm8k_file("test")
 GSM8K_TRAIN = GSM8K.with_name("train.jsonl")
 PROMPT = (
     "Solve this math problem. Think step by step, then give the final answer "
@@ -216,7 +219,6 @@ def select_prompts(n_prompts: int, source: Path = GSM8K) -> list[tuple[int, str]
 
 def generate(n_prompts: int, max_tokens: int, temperature: float,
              source: Path = GSM8K) -> list[dict]:
-    sys.path.insert(0, str(ROOT))
     from refinery.engine.backends.vllm import all_cpus
     from refinery.engine.models import resolve_model
 

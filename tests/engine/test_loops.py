@@ -13,12 +13,13 @@ import pytest
 
 from refinery.engine.loops import CusumLoopDetector, LoopAlarm
 from refinery.engine.stops import Stop
+from refinery.eval.datasets import gsm8k_file
 
 ROOT = Path(__file__).resolve().parents[2]
 # The labelled set at two generation caps (512 and 1024 new tokens), same prompts,
 # and the fresh test set (1024 cap, other prompts) that no choice was made on.
 SETS = [("loops", "heldout"), ("loops-1024", "heldout"), ("loops-test", "test")]
-GSM8K_TEST = Path("/work/shared/data/gsm8k/test.jsonl")
+GSM8K_TEST = gsm8k_file("test")
 
 DET = CusumLoopDetector()
 

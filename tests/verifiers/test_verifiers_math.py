@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from refinery.engine.errors import InvalidRequestError
 from refinery.engine.types import Task
+from refinery.eval.datasets import gsm8k_file
 from refinery.verifiers.math import (
     GSM8KVerifier,
     MathVerifier,
@@ -24,10 +24,7 @@ from refinery.verifiers.math import (
     symbolic_compare,
 )
 
-# shared/ sits beside the clone (and at /work/shared on the dev machines)
-GSM8K_TEST = next((p for p in (Path(__file__).resolve().parents[3] / "shared/data/gsm8k/test.jsonl",
-                               Path("/work/shared/data/gsm8k/test.jsonl")) if p.exists()),
-                  Path("/work/shared/data/gsm8k/test.jsonl"))
+GSM8K_TEST = gsm8k_file("test")
 TASK = Task.from_prompt("q")
 
 # ----------------------------------------------------------------------------- extraction
@@ -296,9 +293,9 @@ async def test_every_gsm8k_gold_solution_verifies_against_its_own_answer_only() 
     assert all(is_equivalent(extract_answer(sol), gold) for sol, gold in rows)
 
 
-@pytest.mark.timeout(60)  # a hang guard: the old regex needed ~2**29 steps here
+@pytest.mark.timeout(60)  # a hang guard: a nested-quantifier regex takes ~2**29 steps here
 def test_long_unit_tail_does_not_backtrack_exponentially():
-    # A real SSR sub-answer hung the old nested-quantifier unit regex.
+    # A real SSR sub-answer that makes a nested-quantifier unit regex backtrack.
     from refinery.verifiers.math import normalize_answer
 
     assert normalize_answer("5 " + "abcdefghij" * 3 + "!") == "5" + "abcdefghij" * 3 + "!"
