@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from fastapi import FastAPI
 from click.testing import CliRunner
+from fastapi import FastAPI
 
 from refinery.cli import app as cli
 from tests.servers import on_loopback
