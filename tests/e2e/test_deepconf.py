@@ -12,8 +12,6 @@ contradicts the threshold.
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from refinery.engine.backends.openai import OpenAIBackend
@@ -24,6 +22,7 @@ from refinery.engine.trace import Trace
 from refinery.engine.types import SamplingParams
 from refinery.strategies import build
 from tests.e2e.solving import gsm8k_tasks
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -80,11 +79,8 @@ async def test_deepconf_in_process_stops_unconfident_traces(vllm_backend):
           f"{[t.attempt.answer for t in traces]}, tokens "
           f"{sum(t.usage.completion_tokens for t in traces)}")
     assert stopped >= 1
-    for _ in range(50):  # the aborted requests leave the engine
-        if vllm_backend.num_unfinished_requests() == 0:
-            break
-        await asyncio.sleep(0.1)
-    assert vllm_backend.num_unfinished_requests() == 0
+    # the aborted requests leave the engine
+    assert await wait_for(lambda: vllm_backend.num_unfinished_requests() == 0)
 
 
 async def test_deepconf_through_a_vllm_server(vllm_server):

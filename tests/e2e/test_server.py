@@ -10,6 +10,7 @@ import pytest
 
 from refinery.engine.types import Message
 from refinery.serving import ServerConfig
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 MODEL = "smollm2-135m"
@@ -27,11 +28,7 @@ async def http(method: str, url: str, **kw) -> httpx.Response:
 
 
 async def engine_idle(backend, seconds: float = 10.0) -> bool:
-    for _ in range(int(seconds / 0.1)):
-        if backend.num_unfinished_requests() == 0:
-            return True
-        await asyncio.sleep(0.1)
-    return False
+    return await wait_for(lambda: backend.num_unfinished_requests() == 0, seconds)
 
 
 def aclient(url: str, key: str = "none") -> openai.AsyncOpenAI:
@@ -177,10 +174,7 @@ async def test_over_capacity_is_429(serve, vllm_backend):
     long = asyncio.ensure_future(c.chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "Count to 500."}],
         max_tokens=400, temperature=0))
-    for _ in range(200):
-        await asyncio.sleep(0.05)
-        if vllm_backend.num_unfinished_requests():
-            break
+    assert await wait_for(vllm_backend.num_unfinished_requests, seconds=10)
     with pytest.raises(openai.RateLimitError, match="capacity"):
         await c.chat.completions.create(model=MODEL, messages=Q, max_tokens=4)
     # A non-streaming client that goes away also aborts its engine request.

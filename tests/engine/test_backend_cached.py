@@ -13,8 +13,9 @@ from fastapi.responses import StreamingResponse
 from refinery.engine.backends.openai import OpenAIBackend
 from refinery.engine.backends.vllm import VLLMBackend
 from refinery.engine.types import Message, SamplingParams
-from tests.engine.test_backend_openai import ThreadedApp, ok_body
+from tests.engine.test_backend_openai import ok_body
 from tests.engine.test_backend_vllm_close import StandInEngine, StandInTokenizer
+from tests.servers import ThreadedApp
 
 Q = [Message(role="user", content="What is 2+2?")]
 

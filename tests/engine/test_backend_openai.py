@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from types import SimpleNamespace
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -24,7 +22,7 @@ from refinery.engine.errors import (
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.types import Message, SamplingParams
-from tests.conftest import free_port
+from tests.servers import ThreadedApp, free_port
 
 Q = [Message(role="user", content="What is 2+2? Answer briefly.")]
 
@@ -34,26 +32,6 @@ def ok_body(text: str = "4") -> dict:
             "choices": [{"index": 0, "finish_reason": "stop",
                          "message": {"role": "assistant", "content": text}}],
             "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}
-
-
-class ThreadedApp:
-    """Runs a FastAPI app on 127.0.0.1 in a thread; ``with`` gives its /v1 URL."""
-
-    def __init__(self, app: FastAPI, port: int | None = None):
-        self.port = port or free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="critical"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        while not self.server.started:
-            time.sleep(0.01)
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(5)
 
 
 class FaultServer(ThreadedApp):

@@ -27,18 +27,11 @@ from refinery.engine.hardware import CpuInfo, cpu_dtype
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.types import Message, SamplingParams
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
 Q = [Message(role="user", content="What is 2+2? Answer briefly.")]
-
-
-async def wait_idle(backend, timeout=10.0):
-    for _ in range(int(timeout / 0.1)):
-        if backend.num_unfinished_requests() == 0:
-            return 0
-        await asyncio.sleep(0.1)
-    return backend.num_unfinished_requests()
 
 
 def test_engine_runs_the_dtype_this_cpu_computes_natively(vllm_backend):
@@ -137,15 +130,12 @@ async def test_cancel_aborts_the_vllm_request(vllm_backend):
     msgs = [Message(role="user", content="Count from 1 to 1000, one number per line.")]
     task = asyncio.ensure_future(vllm_backend.generate(
         msgs, SamplingParams(temperature=0, max_tokens=2000)))
-    for _ in range(100):
-        await asyncio.sleep(0.05)
-        if vllm_backend.num_unfinished_requests() > 0:
-            break
+    await wait_for(vllm_backend.num_unfinished_requests)
     assert vllm_backend.num_unfinished_requests() == 1
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await wait_idle(vllm_backend) == 0
+    assert await wait_for(lambda: vllm_backend.num_unfinished_requests() == 0, seconds=10)
 
 
 async def test_prompt_longer_than_context_is_refused(vllm_backend):

@@ -14,8 +14,9 @@ from refinery.engine.errors import InvalidRequestError
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.types import Message, SamplingParams
-from tests.engine.test_backend_openai import ThreadedApp, ok_body
+from tests.engine.test_backend_openai import ok_body
 from tests.scripted_backend import ScriptedBackend
+from tests.servers import ThreadedApp
 
 Q = Message(role="user", content="Write a short sentence about the sea.")
 GREEDY = SamplingParams(temperature=0, max_tokens=24)

@@ -33,6 +33,7 @@ from refinery.eval.datasets import load_arith
 from refinery.eval.runner import CONFIG, RESULTS, TRACES, RunAborted, read_results, run_eval
 from tests.conftest import repeat
 from tests.eval._resume_worker import SlowBackend, backend, config
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 REFINERY = Path(sys.executable).parent / "refinery"
@@ -78,11 +79,9 @@ def check_run_dir(out: Path) -> tuple[dict[str, dict], bool, bool]:
 def wait_for_lines(proc: subprocess.Popen, path: Path, target: int) -> None:
     """Until results.jsonl holds ``target`` newlines or the run ends (no timed assert:
     the deadline only turns a hang into a failure)."""
-    deadline = time.monotonic() + 300
-    while proc.poll() is None and time.monotonic() < deadline:
-        if path.exists() and path.read_bytes().count(b"\n") >= target:
-            return
-        time.sleep(0.005)
+    wait_until(lambda: proc.poll() is not None or (path.exists() and
+                                                    path.read_bytes().count(b"\n") >= target),
+               seconds=300, every=0.005)
 
 
 @pytest.mark.e2e

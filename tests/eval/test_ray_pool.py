@@ -5,17 +5,19 @@ a Ray run must produce the same problem ids, each exactly once, with the same
 result and verdict fields. One actor is SIGKILLed mid-run: the run still ends
 with every problem once (its in-flight tasks went to the other actor), no torn
 line, its engine processes gone, and rerunning the command changes nothing.
+One run shows both, so the module starts two actor engines, not four.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import logging
 import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -23,8 +25,7 @@ import pytest
 
 from refinery.eval.ray_pool import RayOptions
 from refinery.eval.runner import RESULTS, TRACES, EvalConfig, run_eval
-from tests.conftest import free_port
-from tests.waiting import wait_for
+from tests.waiting import wait_for, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -64,16 +65,6 @@ def assert_like_local(ray_dir: Path, local_dir: Path) -> None:
     assert sorted(t["task_id"] for t in lines(ray_dir / TRACES)) == sorted(ids)
 
 
-def ray_processes() -> list[psutil.Process]:
-    names = ("raylet", "gcs_server", "ray::")
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if any(n in cmd for n in names) and p.pid != os.getpid():
-            out.append(p)
-    return out
-
-
 def running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -81,69 +72,80 @@ def running(pid: int) -> bool:
         return False
 
 
-def actor_processes() -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"])
-            if (p.info["cmdline"] or [""])[0].startswith("ray::TaskActor")]
+def actors_of(run: psutil.Process) -> list[psutil.Process]:
+    """The Ray actors among ``run``'s descendants (titled ``ray::TaskActor...``)."""
+    actors = []
+    for p in run.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if (p.cmdline() or [""])[0].startswith("ray::TaskActor"):
+                actors.append(p)
+    return actors
 
 
-async def test_cli_runs_cot_on_two_actors_like_a_local_run(tmp_path, vllm_backend):
-    await run_eval(config(tmp_path / "local", "cot"), backend=vllm_backend, progress=False)
-    cmd = [str(BIN / "refinery"), "eval", "run", "--dataset", "arith", "--strategy", "cot",
-           "--limit", str(N), "--out", str(tmp_path / "ray"), "--max-tokens", "64",
-           "--concurrency", "8", "--ray", "--ray-replicas", "2", "--no-progress"]
-    done = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True,
-                                   env={**os.environ, **ENV}, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert f"{N}/{N} problems ({N} run now, 0 already done)" in done.stdout
-    assert_like_local(tmp_path / "ray", tmp_path / "local")
-    recorded = json.loads((tmp_path / "ray" / "config.json").read_text())["ray"]
-    assert recorded["replicas"] == 2 and recorded["address"] is None
-    # the Ray the command started for itself is gone with it
-    assert not [p.info["cmdline"][:2] for p in ray_processes()]
+@dataclass
+class KilledRun:
+    """A run one of whose actors was SIGKILLed: its exit code and output, the
+    processes of its Ray when the kill came (pid: name), the killed actor's engine."""
+
+    code: int
+    printed: str
+    logged: str
+    ray: dict[int, str]
+    engine: list[int]
 
 
-@pytest.fixture(scope="module")
-def ray_head():
-    """``ray start --head`` on loopback with this machine's 2 CPUs; stopped after."""
-    port = free_port()
-    env = {**os.environ, **ENV, "RAY_USAGE_STATS_ENABLED": "0"}
-    subprocess.run([str(BIN / "ray"), "start", "--head", "--node-ip-address", "127.0.0.1",
-                    "--port", str(port), "--num-cpus", "2", "--include-dashboard", "false"],
-                   check=True, capture_output=True, env=env, timeout=120)
+def run_killing_an_actor(cmd: list[str], results: Path, logs: Path) -> KilledRun:
+    """Run ``cmd``; SIGKILL one of its two actors once the first result is written.
+
+    With 2 tasks in flight per actor the queue keeps both busy until the end, so
+    the kill surely hits in-flight work (at the first result 12 are still to go).
+    """
+    with open(logs / "stdout", "wb") as stdout, open(logs / "stderr", "wb") as stderr:
+        run = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, env={**os.environ, **ENV})
     try:
-        yield f"127.0.0.1:{port}"
+        wait_until(lambda: run.poll() is not None or (results.exists() and
+                                                       results.stat().st_size > 0),
+                   seconds=600, every=0.005)
+        assert run.poll() is None, (logs / "stderr").read_text()[-3000:]
+        parent, ray = psutil.Process(run.pid), {}
+        for p in parent.children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                ray[p.pid] = p.name()
+        [victim, _] = actors_of(parent)
+        engine = [c.pid for c in victim.children(recursive=True)]
+        victim.send_signal(signal.SIGKILL)
+        code = run.wait(600)
     finally:
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, timeout=120)
+        run.kill()
+    return KilledRun(code, (logs / "stdout").read_text(), (logs / "stderr").read_text(), ray,
+                     engine)
 
 
-
-async def test_a_killed_actor_loses_and_duplicates_nothing(tmp_path, ray_head, vllm_backend,
-                                                           caplog):
-    spec = "sc(cot, n=2)"
+async def test_two_actors_answer_like_a_local_run_and_a_killed_one_loses_nothing(
+        tmp_path, vllm_backend):
+    """``refinery eval run --ray`` on a Ray it starts itself, two actors, one of them
+    SIGKILLed mid-run; the same run on the session's engine is the reference."""
+    spec, out = "sc(cot, n=2)", tmp_path / "ray"
     await run_eval(config(tmp_path / "local", spec), backend=vllm_backend, progress=False)
-    # 2 in flight per actor: the queue keeps both busy until the end, so the kill at the
-    # first result surely hits in-flight work (8 at once finish in one batch, together)
-    cfg = config(tmp_path / "ray", spec, RayOptions(address=ray_head, replicas=2)).model_copy(
-        update={"concurrency": 2})
-    victim: dict[str, list[int]] = {}
+    cmd = [str(BIN / "refinery"), "eval", "run", "--dataset", "arith", "--strategy", spec,
+           "--limit", str(N), "--out", str(out), "--max-tokens", "64",
+           "--concurrency", "2", "--ray", "--ray-replicas", "2", "--no-progress"]
+    run = await asyncio.to_thread(run_killing_an_actor, cmd, out / RESULTS, tmp_path)
+    assert run.code == 0, run.logged[-3000:]
+    assert run.engine, "the actor ran its engine in child processes"
+    assert "its tasks go to the others" in run.logged, run.logged[-3000:]
+    assert f"{N}/{N} problems ({N} run now, 0 already done)" in run.printed
+    assert_like_local(out, tmp_path / "local")
+    recorded = json.loads((out / "config.json").read_text())["ray"]
+    assert recorded["replicas"] == 2 and recorded["address"] is None
+    assert await wait_for(lambda: not any(map(running, run.engine)), seconds=30), \
+        "orphaned engine"
+    # the Ray the command started for itself is gone with it
+    assert {"raylet", "gcs_server"} <= set(run.ray.values()), run.ray
+    assert await wait_for(lambda: not any(map(running, run.ray)), seconds=60), \
+        {pid: name for pid, name in run.ray.items() if running(pid)}
 
-    def kill_one(row: dict) -> None:  # at the first result, 12 problems are still to go
-        if not victim:
-            proc = actor_processes()[0]
-            victim["engine"] = [c.pid for c in proc.children(recursive=True)]
-            os.kill(proc.pid, signal.SIGKILL)
-
-    with caplog.at_level(logging.WARNING, logger="refinery.eval.ray_pool"):
-        summary = await run_eval(cfg, progress=False, on_result=kill_one)
-    assert victim["engine"], "the actor ran its engine in child processes"
-    assert summary.done == summary.ran == N
-    handed_back = [r for r in caplog.records if "go to the others" in r.getMessage()]
-    assert handed_back, [r.getMessage() for r in caplog.records]
-    assert_like_local(tmp_path / "ray", tmp_path / "local")
-    gone = await wait_for(lambda: not any(running(p) for p in victim["engine"]), seconds=30)
-    assert gone, "orphaned engine"
-
-    before = [(tmp_path / "ray" / f).read_bytes() for f in (RESULTS, TRACES)]
-    again = await run_eval(cfg, progress=False)
+    before = [(out / f).read_bytes() for f in (RESULTS, TRACES)]
+    again = await run_eval(config(out, spec, RayOptions(replicas=2)), progress=False)
     assert (again.ran, again.skipped, again.done) == (0, N, N)
-    assert [(tmp_path / "ray" / f).read_bytes() for f in (RESULTS, TRACES)] == before
+    assert [(out / f).read_bytes() for f in (RESULTS, TRACES)] == before

@@ -13,12 +13,13 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
 import pytest
+
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 REFINERY = Path(sys.executable).parent / "refinery"
@@ -54,11 +55,9 @@ def _start_and_wait_for_answers(cmd: list[str], results: Path,
     """Start ``cmd``; return once its engine runs and the first problems are answered."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and proc.poll() is None:
-        if results.exists() and results.stat().st_size > 0:
-            break
-        time.sleep(0.5)
+    wait_until(lambda: proc.poll() is not None or (results.exists() and
+                                                    results.stat().st_size > 0),
+               seconds=600, every=0.05)
     assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
     return proc
 

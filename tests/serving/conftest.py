@@ -11,7 +11,6 @@ request was refused before any model call.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -23,9 +22,9 @@ from fastapi import FastAPI
 from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.types import Completion, Delta, Message, SamplingParams
 from refinery.serving import ServerConfig, create_app
-from tests.e2e.conftest import serve, start_server  # noqa: F401  (serve: the fixture)
+from tests.e2e.conftest import serve  # noqa: F401  (the fixture)
 from tests.scripted_backend import ScriptedBackend
-from tests.waiting import wait_for  # noqa: F401  (the serving tests import it from here)
+from tests.servers import LoopServers
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 MODEL = DEFAULT_MODEL
@@ -63,21 +62,17 @@ async def scripted_serve():
     disconnects and streaming as in production); without ``backend`` or
     ``backend_factory`` it serves ``scripted()``. All are stopped after the test.
     """
-    running = []
+    servers = LoopServers()
 
     async def make(config: ServerConfig | None = None,
                    **app_kwargs: Any) -> tuple[str, FastAPI]:
         if "backend_factory" not in app_kwargs:
             app_kwargs.setdefault("backend", scripted())
         app = create_app(config or ServerConfig(), **app_kwargs)
-        server, task, url = await start_server(app)
-        running.append((server, task))
-        return url, app
+        return await servers.start(app), app
 
     yield make
-    for server, _ in running:
-        server.should_exit = True
-    await asyncio.gather(*(t for _, t in running), return_exceptions=True)
+    await servers.stop()
 
 
 @pytest.fixture

@@ -18,8 +18,8 @@ from tests.serving.conftest import (
     assert_openai_error,
     chat,
     scripted,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)  # uvicorn catches SIGTERM: never hang a run
 KEYS = frozenset({"k-right", "k-other"})

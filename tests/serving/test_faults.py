@@ -10,20 +10,23 @@ body, or an error chunk followed by ``data: [DONE]``) counts as lost, and lost
 must be 0.
 
 Each engine start costs 15-40 s on 2 cores, so one server is reused
-where the fault allows it (the restarted server also serves the SIGTERM test).
+where the fault allows it (the restarted server also serves the SIGTERM test),
+and the module's two engine servers start together: a start is mostly one core
+importing vLLM, so the second costs the first test little wait.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
-import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import httpx
@@ -31,7 +34,8 @@ import openai
 import psutil
 import pytest
 
-from tests.conftest import free_port
+from tests.servers import ServerProcess, free_port, status
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -46,72 +50,34 @@ START_TIMEOUT = 600  # engine starts share 2 cores with other work; generous on 
 # -- processes ------------------------------------------------------------------------------
 
 
-class Served:
-    """A server subprocess in its own session, with its log kept for failures."""
-
-    def __init__(self, args: list[str], log: Path, port: int, health: str = "/health"):
-        self.port, self.log, self.health = port, log, health
-        self.url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True, cwd=Path(__file__).parents[2])
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:]
-
-    def wait_ready(self, timeout: float = START_TIMEOUT) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited {self.proc.returncode}:\n{self.tail()}")
-            if health(self.url + self.health) == 200:
-                return
-            time.sleep(1)
-        raise AssertionError(f"server not ready in {timeout}s:\n{self.tail()}")
-
-    def descendants(self) -> list[psutil.Process]:
-        try:
-            return psutil.Process(self.proc.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
-
-    def engine_core(self) -> psutil.Process:
-        cores = [p for p in self.descendants() if p.name() == "VLLM::EngineCore"]
-        assert len(cores) == 1, [p.name() for p in self.descendants()]
-        return cores[0]
-
-    def stop(self) -> None:
-        """Kill whatever is left of the server and its children (test cleanup)."""
-        if self.proc.poll() is None:
-            with _suppress():
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(30)
-        for p in self.descendants():
-            with _suppress():
-                p.kill()
-
-
-class _suppress:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, kind, exc, tb):
-        return kind is not None and issubclass(kind, (ProcessLookupError, psutil.Error))
-
-
-def refinery_serve(tmp: Path, *extra: str) -> Served:
+def refinery_serve(tmp: Path, *extra: str, nice: int = 0) -> ServerProcess:
+    """``refinery serve`` of the embedded model (1 GiB of KV cache), not waited for."""
     port = free_port()
-    return Served([str(BIN / "refinery"), "serve", "--port", str(port), "--model", MODEL,
-                   *extra], tmp / f"refinery-{port}.log", port)
+    return ServerProcess([BIN / "refinery", "serve", "--port", str(port), "--model", MODEL,
+                          *extra], tmp / f"refinery-{port}.log", port,
+                         env={"VLLM_CPU_KVCACHE_SPACE": "1"}, nice=nice)
 
 
-def health(url: str) -> int | None:
-    """The status of GET url, or None when the connection is refused/reset."""
+class EngineServers(NamedTuple):
+    """The module's two engine servers, by their --on-engine-death policy."""
+
+    restart: ServerProcess
+    exit: ServerProcess
+
+
+@pytest.fixture(scope="module")
+def engine_servers(tmp_path_factory) -> Iterator[EngineServers]:
+    tmp = tmp_path_factory.mktemp("faults")
+    servers = EngineServers(
+        restart=refinery_serve(tmp, "--on-engine-death", "restart", "--graceful-timeout", "120"),
+        # the default --on-engine-death exit; niced, its start takes what the first
+        # test leaves
+        exit=refinery_serve(tmp, nice=10))
     try:
-        return httpx.get(url, timeout=10).status_code
-    except httpx.HTTPError:
-        return None
+        yield servers
+    finally:
+        for srv in servers:
+            srv.stop()
 
 
 def alive(procs: list[psutil.Process], timeout: float = 60) -> list[str]:
@@ -121,11 +87,11 @@ def alive(procs: list[psutil.Process], timeout: float = 60) -> list[str]:
     resource tracker cleans up shared memory after its parent exits); a true
     orphan is still listed when the wait ends.
     """
-    with _suppress():
+    with contextlib.suppress(psutil.Error):
         psutil.wait_procs(procs, timeout=timeout)
     out = []
     for p in procs:
-        with _suppress():
+        with contextlib.suppress(psutil.Error):
             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
                 out.append(f"{p.pid}:{p.name()}")
     return out
@@ -237,22 +203,13 @@ class Load:
                        self.outcomes.values())
 
 
-def wait_until(pred, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def kill_engine_mid_request(srv: Served) -> tuple[Load, list[psutil.Process]]:
+def kill_engine_mid_request(srv: ServerProcess) -> tuple[Load, list[psutil.Process]]:
     """Start 2 plain + 2 streaming requests, SIGKILL the engine core while all 4 run."""
     engine_procs = [p for p in srv.descendants() if p.name().startswith("VLLM::")]
     load = Load(srv.url)
     load.start(n_plain=2, n_stream=2, max_tokens=400)
     load.wait_streaming()
-    wait_until(lambda: in_flight(srv.url) >= 4, 120, "4 requests in flight")
+    assert wait_until(lambda: in_flight(srv.url) >= 4, seconds=120), "4 requests in flight"
     srv.engine_core().send_signal(signal.SIGKILL)
     return load, engine_procs
 
@@ -264,11 +221,11 @@ def report(kind: str, counts: Counter, load: Load) -> None:
 # -- tests --------------------------------------------------------------------------------
 
 
-def test_engine_death_restart_then_sigterm_drain(tmp_path):
+def test_engine_death_restart_then_sigterm_drain(engine_servers):
     """Engine core SIGKILLed under load with --on-engine-death restart, then SIGTERM."""
-    srv = refinery_serve(tmp_path, "--on-engine-death", "restart", "--graceful-timeout", "120")
+    srv = engine_servers.restart
     try:
-        srv.wait_ready()
+        srv.wait_ready(START_TIMEOUT)
         old_core = srv.engine_core().pid
         load, old_procs = kill_engine_mid_request(srv)
         counts = load.join()
@@ -280,7 +237,7 @@ def test_engine_death_restart_then_sigterm_drain(tmp_path):
         r = httpx.get(srv.url + "/health", timeout=10)
         assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable"
 
-        srv.wait_ready()  # the supervisor built a new engine
+        srv.wait_ready(START_TIMEOUT)  # the supervisor built a new engine
         assert srv.proc.poll() is None
         assert srv.engine_core().pid != old_core
         assert alive(old_procs) == []  # the old core's worker was reaped, not orphaned
@@ -296,11 +253,12 @@ def test_engine_death_restart_then_sigterm_drain(tmp_path):
         drain.wait_streaming()
         srv.proc.send_signal(signal.SIGTERM)
         statuses = []
-        for _ in range(100):  # the listener closes on the server's next loop tick
-            statuses.append(health(srv.url + "/health"))
-            if statuses[-1] != 200:
-                break
-            time.sleep(0.2)
+
+        def refused() -> bool:  # the listener closes on the server's next loop tick
+            statuses.append(status(srv.url + "/health"))
+            return statuses[-1] != 200
+
+        wait_until(refused, seconds=30, every=0.05)
         counts = drain.join()
         report("SIGTERM drain", counts, drain)
         assert statuses[-1] in (None, 503), statuses  # refused (or 503), not served
@@ -311,11 +269,11 @@ def test_engine_death_restart_then_sigterm_drain(tmp_path):
         srv.stop()
 
 
-def test_engine_death_exit_policy_exits_cleanly(tmp_path):
+def test_engine_death_exit_policy_exits_cleanly(engine_servers):
     """Default policy (exit): in-flight requests fail well-formed, the server exits 3."""
-    srv = refinery_serve(tmp_path)  # --on-engine-death exit is the default
+    srv = engine_servers.exit
     try:
-        srv.wait_ready()
+        srv.wait_ready(START_TIMEOUT)
         procs = srv.descendants()
         load, _ = kill_engine_mid_request(srv)
         counts = load.join()
@@ -325,17 +283,17 @@ def test_engine_death_exit_policy_exits_cleanly(tmp_path):
         assert srv.proc.wait(timeout=120) == 3, srv.tail()
         assert "the model engine died" in srv.tail()
         assert alive(procs) == []  # no orphan engine core or worker
-        assert health(srv.url + "/health") is None  # gone, not hanging
+        assert status(srv.url + "/health") is None  # gone, not hanging
     finally:
         srv.stop()
 
 
-def upstream_endpoint(tmp: Path, port: int, target_port: int) -> Served:
+def upstream_endpoint(tmp: Path, port: int, target_port: int) -> ServerProcess:
     """A forwarder on ``port`` to vLLM's server: the upstream's endpoint, cheap to kill
     and to bring back (tests/serving/tcp_forwarder.py). Ready once vLLM's /health
     answers through it."""
-    srv = Served([sys.executable, "-m", "tests.serving.tcp_forwarder", str(port),
-                  str(target_port)], tmp / f"forwarder-{port}.log", port)
+    srv = ServerProcess([sys.executable, "-m", "tests.serving.tcp_forwarder", str(port),
+                         str(target_port)], tmp / f"forwarder-{port}.log", port)
     srv.wait_ready(timeout=60)
     return srv
 
@@ -355,11 +313,11 @@ def test_openai_upstream_stopped_then_back(tmp_path, vllm_server):
     try:
         srv = refinery_serve(tmp_path, "--backend", "openai", "--base-url",
                              f"http://127.0.0.1:{up_port}/v1")
-        srv.wait_ready()
+        srv.wait_ready(START_TIMEOUT)
         load = Load(srv.url)
         load.start(n_plain=2, n_stream=2, max_tokens=400)
         load.wait_streaming()
-        wait_until(lambda: in_flight(srv.url) >= 4, 120, "4 requests in flight")
+        assert wait_until(lambda: in_flight(srv.url) >= 4, seconds=120), "4 requests in flight"
         os.killpg(upstream.proc.pid, signal.SIGKILL)
         upstream.proc.wait(30)
         counts = load.join()

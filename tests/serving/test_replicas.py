@@ -22,7 +22,7 @@ import pytest
 from refinery.engine.backends.openai import upstream_for
 from refinery.engine.types import Message
 from refinery.serving import ServerConfig, create_app
-from tests.e2e.conftest import start_server
+from tests.servers import LoopServers
 from tests.serving.test_faults import MODEL, refinery_serve
 
 pytestmark = pytest.mark.e2e
@@ -55,8 +55,8 @@ class Noting:
 async def test_two_replicas_share_an_upstream_pool_and_keep_a_request_together(
         tmp_path, vllm_backend):
     pool = [Noting(vllm_backend), Noting(vllm_backend)]
-    upstreams = [await start_server(create_app(ServerConfig(), backend=b)) for b in pool]
-    urls = [u + "/v1" for _, _, u in upstreams]
+    upstreams = LoopServers()
+    urls = [await upstreams.start(create_app(ServerConfig(), backend=b)) + "/v1" for b in pool]
     replicas = [refinery_serve(tmp_path, "--backend", "openai", "--base-url", urls[0],
                                "--base-url", urls[1]) for _ in range(2)]
     try:
@@ -91,6 +91,4 @@ async def test_two_replicas_share_an_upstream_pool_and_keep_a_request_together(
     finally:
         for r in replicas:
             r.stop()
-        for server, _, _ in upstreams:
-            server.should_exit = True
-        await asyncio.gather(*(t for _, t, _ in upstreams), return_exceptions=True)
+        await upstreams.stop()

@@ -19,8 +19,8 @@ from tests.serving.conftest import (
     chat,
     scripted,
     sse_data,
-    wait_for,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.timeout(60)  # uvicorn catches SIGTERM: never hang a run
 

@@ -10,14 +10,11 @@ wrong one. The fast tests read it through ``TestClient``; the browser tests
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
@@ -26,7 +23,6 @@ from refinery.eval.datasets import Example
 from refinery.eval.runner import EvalConfig, run_eval
 from refinery.serving import ServerConfig, create_app
 from refinery.ui import mount_ui
-from tests.conftest import free_port
 from tests.scripted_backend import ScriptedBackend
 
 HOSTILE = '<script>alert("x")</script><img src=x onerror=alert("y")> The answer is 4.'
@@ -79,23 +75,3 @@ def ui_app(runs: Path | None = None, **config: Any) -> FastAPI:
 @pytest.fixture
 def client(recorded_runs) -> TestClient:
     return TestClient(ui_app(recorded_runs))
-
-
-@asynccontextmanager
-async def on_loopback(app: FastAPI, **config: Any) -> AsyncIterator[str]:
-    """``app`` on a real uvicorn on 127.0.0.1 (``config``: more ``uvicorn.Config``
-    options), as its URL; stopped on leaving. A real socket, because the Host check
-    looks at the address the connection reached."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port,
-                                           **{"log_level": "warning", **config}))
-    task = asyncio.ensure_future(server.serve())
-    try:
-        while not server.started:
-            if task.done():
-                task.result()
-            await asyncio.sleep(0.02)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task

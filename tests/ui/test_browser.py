@@ -21,7 +21,7 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 from refinery.eval.runner import EvalConfig, run_eval
 from refinery.serving import ServerConfig, create_app
 from refinery.ui import mount_ui
-from tests.e2e.conftest import start_server
+from tests.servers import LoopServers
 from tests.ui.conftest import HOSTILE, RUN, record_run, scripted_backend
 
 pytestmark = pytest.mark.e2e
@@ -63,16 +63,10 @@ async def servers(vllm_backend, runs) -> AsyncIterator[dict[str, str]]:
     apps = {"open": (ServerConfig(), vllm_backend),
             "locked": (ServerConfig(api_keys=frozenset({KEY})), vllm_backend),
             "scripted": (ServerConfig(), scripted_backend())}
-    running, urls = [], {}
-    for name, (config, backend) in apps.items():
-        server, task, url = await start_server(mount_ui(create_app(config, backend=backend),
-                                                        runs=runs))
-        running.append((server, task))
-        urls[name] = url
-    yield urls
-    for server, task in running:
-        server.should_exit = True
-        await task
+    running = LoopServers()
+    yield {name: await running.start(mount_ui(create_app(config, backend=backend), runs=runs))
+           for name, (config, backend) in apps.items()}
+    await running.stop()
 
 
 @dataclass

@@ -26,9 +26,8 @@ from fastapi import FastAPI
 from refinery.ui import UISettings, create_ui_app
 from refinery.ui.pages import CSP
 from refinery.ui.traceview import MAX_EVENTS
-from tests.conftest import free_port
-from tests.e2e.conftest import start_server
-from tests.ui.conftest import RUN, on_loopback
+from tests.servers import free_port, on_loopback, start_server, wait_answering
+from tests.ui.conftest import RUN
 
 KEY = "sk-page-server-key"
 FRAMING = {"x-frame-options": "DENY", "x-content-type-options": "nosniff",
@@ -159,15 +158,8 @@ def refinery_ui(runs: Path, port: int) -> subprocess.Popen:
 
 
 def wait_until_up(url: str, proc: subprocess.Popen, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
-        try:
-            httpx.get(url + "/ui/login", timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    pytest.fail("refinery ui did not start")
+    wait_answering(url + "/ui/login", proc, seconds, lambda: "" if proc.poll() is None
+                   else proc.stdout.read().decode()[-2000:])  # a pipe: read once it ended
 
 
 def test_a_fifo_results_file_neither_holds_refinery_ui_nor_its_sigterm(recorded_runs,

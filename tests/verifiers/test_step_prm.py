@@ -16,8 +16,7 @@ from refinery.engine.errors import BackendError, BackendUnavailableError, SpecEr
 from refinery.verifiers import PRMStepScorer
 from refinery.verifiers.step_prm import CHATML, QWEN_MATH_PRM, PRMFormat
 from refinery.verifiers.steps import SCORERS, StepScorer, build_scorer
-from tests.conftest import free_port
-from tests.engine.test_backend_openai import ThreadedApp
+from tests.servers import ThreadedApp, free_port
 from tests.strategies._util import QUESTION, task
 
 TAG = QWEN_MATH_PRM.step_tag
