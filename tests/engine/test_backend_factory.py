@@ -41,6 +41,7 @@ async def test_a_vllm_server_upstream_takes_every_constraint_kind() -> None:
                                         ("http://127.0.0.1:9/v1",)))
     try:
         assert isinstance(be, OpenAIBackend)
-        assert be.structured_outputs == {"json", "json_object", "regex", "choice", "grammar"}
+        assert be.structured_outputs == {"json", "json_object", "regex", "choice", "grammar",
+                                         "structural_tag"}
     finally:
         await be.aclose()
