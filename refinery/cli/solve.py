@@ -155,6 +155,8 @@ def list_strategies() -> None:
         inner = f" inner={entry['inner']}" if entry["inner"] not in (0, "0") else ""
         click.secho(f"{entry['name']}{alias}{inner}", bold=True)
         click.echo(f"  {entry['doc']}")
+        if not entry["tool_turns"]:
+            click.echo("  (a turn that may answer with a tool call runs as its inner strategy)")
         for name, p in entry["params"].items():
             click.echo(f"  {name}: {p['type']} = {p['default']!r}  {p['description']}")
 

@@ -45,6 +45,10 @@ def test_strategies_prints_no_python_reprs() -> None:
     assert result.exit_code == 0 and "sc (aliases:" in result.output
     assert "<function" not in result.output and " at 0x" not in result.output
     assert "AfterValidator" not in result.output
+    ssr = result.output.split("\nssr")[1].split("\n\n")[0]
+    assert "runs as its inner strategy" in ssr.splitlines()[2]
+    sc = result.output.split("\nsc (aliases:")[1].splitlines()
+    assert not any("runs as its inner strategy" in line for line in sc[:3])
 
 
 def test_the_help_imports_no_optional_extra() -> None:
