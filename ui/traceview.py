@@ -27,10 +27,10 @@ from pydantic import BaseModel, Field
 
 from refinery.engine.context import Budget
 from refinery.engine.errors import RefineryError
-from refinery.strategies.spec import worst_case_calls
 from refinery.engine.trace import Trace, TraceEvent
 from refinery.engine.types import Message
 from refinery.strategies.registry import build_with_graph
+from refinery.strategies.spec import worst_case_calls
 
 SHOWN_DATA_SCORES = ("score", "total", "votes")  # the data keys shown in a step's header
 MAX_EVENTS = 5000  # the most events whose tree the page draws (bench/ui_load.py times it)
