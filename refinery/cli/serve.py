@@ -106,8 +106,12 @@ def _run(app, host: str, port: int, config: ServerConfig) -> None:  # noqa: ANN0
 
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="info",
-                                           timeout_graceful_shutdown=config.graceful_timeout))
+    from refinery.serving.clients import uvicorn_proxy_options
+
+    server = uvicorn.Server(uvicorn.Config(
+        app, host=host, port=port, log_level="info",
+        timeout_graceful_shutdown=config.graceful_timeout,
+        **uvicorn_proxy_options(config.forwarded_allow_ips)))
 
     def stop() -> None:
         server.should_exit = True

@@ -20,20 +20,28 @@ from tests.servers import on_loopback
 pytestmark = pytest.mark.timeout(60)
 
 
-def served_app(monkeypatch, argv: list[str]) -> FastAPI:
-    """The app ``refinery ARGV`` serves: the command runs whole, but uvicorn does not
-    listen (``serve`` runs a ``uvicorn.Server``, ``ui`` calls ``uvicorn.run``)."""
-    apps: list[FastAPI] = []
-    monkeypatch.setattr(uvicorn.Server, "run", lambda self: apps.append(self.config.app))
-    monkeypatch.setattr(uvicorn, "run", lambda app_, **kw: apps.append(app_))
+def served(monkeypatch, argv: list[str]) -> tuple[FastAPI, dict]:
+    """The app ``refinery ARGV`` serves and the proxy options it gives uvicorn: the
+    command runs whole, but uvicorn does not listen (``serve`` runs a
+    ``uvicorn.Server``, ``ui`` calls ``uvicorn.run``)."""
+    apps: list[tuple[FastAPI, dict]] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: apps.append((self.config.app, {
+        "proxy_headers": self.config.proxy_headers,
+        "forwarded_allow_ips": self.config.forwarded_allow_ips})))
+    monkeypatch.setattr(uvicorn, "run", lambda app_, **kw: apps.append((app_, {
+        k: kw.get(k) for k in ("proxy_headers", "forwarded_allow_ips")})))
     before = signal.getsignal(signal.SIGTERM)
     try:
         result = CliRunner().invoke(cli, argv)
     finally:
         signal.signal(signal.SIGTERM, before)  # serve installs its own
     assert result.exit_code == 0, result.output
-    [served] = apps
-    return served
+    [found] = apps
+    return found
+
+
+def served_app(monkeypatch, argv: list[str]) -> FastAPI:
+    return served(monkeypatch, argv)[0]
 
 
 async def statuses(app: FastAPI, hosts: list[str]) -> dict[str, int]:
@@ -79,3 +87,13 @@ def test_the_help_of_both_commands_names_the_flag() -> None:
         result = CliRunner().invoke(cli, [name, "--help"], env={"COLUMNS": "200"})
         assert result.exit_code == 0
         assert "--allowed-hosts" in result.output and "REFINERY_ALLOWED_HOSTS" in result.output
+
+
+@pytest.mark.parametrize("name", ["serve", "ui"])
+def test_x_forwarded_for_is_believed_only_from_the_listed_addresses(monkeypatch, tmp_path,
+                                                                    name) -> None:
+    _, options = served(monkeypatch, command(name, tmp_path))
+    assert options["proxy_headers"] is False  # uvicorn then reads no X-Forwarded-For
+    _, options = served(monkeypatch, [*command(name, tmp_path),
+                                      "--forwarded-allow-ips", "10.0.0.2"])
+    assert options["proxy_headers"] is True and options["forwarded_allow_ips"] == "10.0.0.2"
