@@ -6,8 +6,9 @@ than 20x), computed here as pixel coordinates so the page needs no plotting
 library and no script.
 
 Example:
-    >>> plot = accuracy_plot([load_run("runs/cot"), load_run("runs/sc8")], ["cot", "sc8"], "arith")
-    >>> [p.front for p in plot.points]  # sc8 is more accurate for more tokens
+    >>> runs = [load_run("runs/cot"), load_run("runs/sc8")]  # doctest: +SKIP
+    >>> plot = accuracy_plot(runs, ["cot", "sc8"], "arith")  # doctest: +SKIP
+    >>> [p.front for p in plot.points]  # sc8: more accurate for more tokens  # doctest: +SKIP
     [True, True]
 """
 

