@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from refinery.engine.constraints import Constraint, check_schema
+from refinery.engine.types import Message
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -83,7 +84,10 @@ class CallTurn:
 
 def _tag(tool: Tool) -> dict[str, Any]:
     return {"type": "tag", "begin": f'{OPEN}{{"name": {json.dumps(tool.name)}, "arguments": ',
-            "content": {"type": "json_schema", "json_schema": tool.parameters or EMPTY_OBJECT},
+            # one blank at most between JSON tokens: a small model otherwise pads the
+            # arguments with whitespace until max_tokens
+            "content": {"type": "json_schema", "json_schema": tool.parameters or EMPTY_OBJECT,
+                        "max_whitespace_cnt": 1},
             "end": "}" + CLOSE}
 
 
@@ -127,6 +131,37 @@ def tools_instructions(tools: Sequence[Tool], *, required: bool) -> str:
     else:
         lines.append("If no function is needed, answer in plain text instead.")
     return "\n".join(lines)
+
+
+def demonstration(tools: Sequence[Tool]) -> list[Message]:
+    """One worked exchange, as real chat turns, that shows the model the envelope: a
+    request the first tool answers (its description) and the call to it, with
+    arguments of the right types. A small model that never opens the envelope when
+    only told of it copies a shown exchange (docs/results.md, Tool calls).
+
+    Example:
+        >>> [m.content for m in demonstration([Tool("add", "Add two numbers.", {
+        ...     "type": "object", "properties": {"a": {"type": "number"}}})])]
+        ['Add two numbers.', '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>']
+    """
+    tool = tools[0]
+    props = (tool.parameters or {}).get("properties", {})
+    args = {key: _sample(schema) for key, schema in props.items()}
+    return [Message(role="user", content=tool.description or f"Use {tool.name}."),
+            Message(role="assistant",
+                    content=render_call(tool.name, json.dumps(args, ensure_ascii=False)))]
+
+
+def _sample(schema: Any) -> Any:
+    """A value of the type ``schema`` names (its first enum value, if it lists any)."""
+    if not isinstance(schema, dict):
+        return "example"
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type")
+    kind = kind[0] if isinstance(kind, list) and kind else kind
+    return {"number": 1, "integer": 1, "boolean": True, "array": [], "object": {},
+            "null": None}.get(kind, "example")
 
 
 def render_call(name: str, arguments: str) -> str:

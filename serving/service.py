@@ -225,6 +225,8 @@ class Service:
             require_support(out.constraint, backend.structured_outputs, backend_name(backend))
         messages, max_tokens = conversation(req, self.config.max_messages)
         messages = with_system(messages, out.tools_prompt)
+        if out.tools_example:  # right after the system turn with_system made
+            messages = [messages[0], *out.tools_example, *messages[1:]]
         n_prompt = backend.count_tokens(messages)
         if n_prompt >= backend.max_model_len:
             raise PromptTooLongError(

@@ -21,8 +21,11 @@ field):
 - ``logprobs``/``top_logprobs`` (chat) or ``logprobs: k`` (completions).
 
 The tools are described to the model in a system turn (``tools_prompt``), as a
-chat template that takes tools would; earlier tool calls and tool results in
-the conversation are rendered as text in the same envelope (``message_text``).
+chat template that takes tools would, and for ``"auto"`` and ``"required"`` one
+worked exchange follows it (``tools_example``: a request the first tool answers and
+the call to it), which a small model copies where a description alone moves it to
+no call; earlier tool calls and tool results in the conversation are rendered as
+text in the same envelope (``message_text``).
 
 Example:
     >>> out = output_of(ChatCompletionRequest.model_validate(
@@ -46,10 +49,12 @@ from refinery.engine.tool_calls import (
     EMPTY_OBJECT,
     Tool,
     as_format,
+    demonstration,
     envelope_constraint,
     render_call,
     tools_instructions,
 )
+from refinery.engine.types import Message
 from refinery.serving.protocol import (
     ChatCompletionRequest,
     ChatMessage,
@@ -80,6 +85,7 @@ class Output:
     top_logprobs: int = 0
     reply: Reply = field(default_factory=Reply)
     tools_prompt: str | None = None
+    tools_example: tuple[Message, ...] = ()  # a shown exchange, after the system turn
 
 
 def output_of(req: ChatCompletionRequest | CompletionRequest) -> Output:
@@ -102,8 +108,11 @@ def output_of(req: ChatCompletionRequest | CompletionRequest) -> Output:
             found = [("tool_choice", constraint)]
     logprobs, top = logprob_fields(req)
     constraint = found[0][1] if found else None
+    example = (tuple(demonstration(engine_tools(req.tools or [])))
+               if reply.tools in ("auto", "required") else ())
     return Output(constraint=constraint, logprobs=logprobs, top_logprobs=top,
-                  reply=Reply(reply.tools, reply.function, logprobs), tools_prompt=prompt)
+                  reply=Reply(reply.tools, reply.function, logprobs), tools_prompt=prompt,
+                  tools_example=example)
 
 
 def at(param: str, build: Callable[[], Constraint]) -> Constraint:

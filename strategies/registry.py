@@ -27,6 +27,7 @@ from refinery.strategies.adaptive_sc import AdaptiveSelfConsistency
 from refinery.strategies.base import Strategy
 from refinery.strategies.beam import BeamSearch
 from refinery.strategies.best_of_n import BestOfN
+from refinery.strategies.cot import INSTRUCTION as COT_INSTRUCTION
 from refinery.strategies.cot import CoT
 from refinery.strategies.cot_reflection import CoTReflection
 from refinery.strategies.critique_refine import CritiqueRefine
@@ -100,14 +101,17 @@ def tool_turn_form(strategy: Strategy) -> Strategy:
     strategy whose answer is one of its samples, chosen by votes or scores over the
     calls, can act on it (``tool_turns``: cot, sc, best_of_n, deepconf, asc). Any other
     runs the turn as its first inner strategy's form, and one with none as ``cot``; an
-    acting strategy gets its inner strategies' forms.
+    acting strategy gets its inner strategies' forms. A cot asks for no step-by-step
+    ``\\boxed{}`` answer there (the tools' instructions say how to answer).
 
     Example:
         >>> tool_turn_form(build("sc(ssr(cot), n=4)")), tool_turn_form(build("pot"))
-        (sc(cot, n=4), cot)
+        (sc(cot(instruction=''), n=4), cot(instruction=''))
     """
+    if type(strategy) is CoT and strategy.params.instruction == COT_INSTRUCTION:
+        return CoT.from_validated((), strategy.params.model_copy(update={"instruction": ""}))
     if not strategy.tool_turns:
-        return tool_turn_form(strategy.inner[0]) if strategy.inner else CoT()
+        return tool_turn_form(strategy.inner[0]) if strategy.inner else tool_turn_form(CoT())
     inner = [tool_turn_form(s) for s in strategy.inner]
     if all(a is b for a, b in zip(inner, strategy.inner, strict=True)):
         return strategy

@@ -114,8 +114,13 @@ async def test_auto_answers_with_a_call_when_the_model_opens_one(scripted_serve,
     assert calls["type"] == "repeat" and (calls["min"], calls["max"]) == (1, 8)
     assert call_names(calls) == ["get_weather", "get_time"]
     assert calls["content"]["elements"][0]["content"]["json_schema"] == WEATHER
-    system = backend.calls[0].messages[0].content
-    assert "If no function is needed, answer in plain text instead." in system
+    system, shown_ask, shown_call, question = backend.calls[0].messages
+    assert "If no function is needed, answer in plain text instead." in system.content
+    assert (shown_ask.role, shown_ask.content) == ("user", "Weather of a city.")
+    assert (shown_call.role, shown_call.content) == (
+        "assistant", '<tool_call>{"name": "get_weather", "arguments": {"city": "example"}}'
+        '</tool_call>')
+    assert question.role == "user"
 
 
 async def test_auto_answers_in_text_when_the_model_writes_text(scripted_serve, client):
@@ -293,7 +298,8 @@ async def test_sc_votes_equal_calls_written_differently_as_one(scripted_serve, c
     r = await client.post(url + CHAT, json=tool_chat(
         model=f"sc(ssr(cot), n=3)@{MODEL}", refinery={"trace": "full"}))
     body = r.json()
-    assert body["refinery"]["strategy"] == "sc(cot, n=3)"  # ssr cannot act on a tool turn
+    # ssr cannot act on a tool turn; cot asks for no boxed answer there
+    assert body["refinery"]["strategy"] == "sc(cot(instruction=''), n=3)"
     choice = body["choices"][0]
     assert choice["finish_reason"] == "tool_calls"
     [call] = choice["message"]["tool_calls"]

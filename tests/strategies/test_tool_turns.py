@@ -11,22 +11,23 @@ from refinery.strategies.registry import build, tool_turn_form
 
 
 @pytest.mark.parametrize(("spec", "form"), [
-    ("cot", "cot"),
-    ("sc(cot, n=5)", "sc(cot, n=5)"),
-    ("sc(ssr(cot), n=4)", "sc(cot, n=4)"),
-    ("best_of_n(moa(cot), n=3)", "best_of_n(cot, n=3)"),
-    ("dei(ssr, critique_refine, sage(cot))", "cot"),
-    ("deepconf(cot, n=4)", "deepconf(cot, n=4)"),
+    ("cot", "cot(instruction='')"),
+    ("cot(instruction='Be brief.')", "cot(instruction='Be brief.')"),
+    ("sc(cot, n=5)", "sc(cot(instruction=''), n=5)"),
+    ("sc(ssr(cot), n=4)", "sc(cot(instruction=''), n=4)"),
+    ("best_of_n(moa(cot), n=3)", "best_of_n(cot(instruction=''), n=3)"),
+    ("dei(ssr, critique_refine, sage(cot))", "cot(instruction='')"),
+    ("deepconf(cot, n=4)", "deepconf(cot(instruction=''), n=4)"),
     ("asc(re2, max_n=8)", "asc(re2, max_n=8)"),
-    ("cot_reflection", "cot"),
-    ("pot", "cot"),
+    ("cot_reflection", "cot(instruction='')"),
+    ("pot", "cot(instruction='')"),
 ])
 def test_the_tool_turn_form_of_a_spec(spec, form):
     assert repr(tool_turn_form(build(spec))) == form
 
 
 def test_a_strategy_that_acts_is_returned_as_it_is():
-    strategy = build("sc(cot, n=3)")
+    strategy = build("sc(re2, n=3)")
     assert tool_turn_form(strategy) is strategy
 
 
