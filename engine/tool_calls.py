@@ -79,7 +79,6 @@ class CallTurn:
 
     calls: list[Call]
     cut: bool = False
-    text: str | None = None  # the answer's text when it opens no envelope
 
 
 def _tag(tool: Tool) -> dict[str, Any]:
@@ -173,7 +172,7 @@ def parse_calls(text: str) -> CallTurn:
     """The calls of an answer, in order and de-duplicated; a text answer has none."""
     body = text.lstrip()
     if not body.startswith(OPEN):
-        return CallTurn(calls=[], text=text)
+        return CallTurn(calls=[])
     calls: list[Call] = []
     seen: set[str] = set()
     for chunk in body.split(OPEN)[1:]:
