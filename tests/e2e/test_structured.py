@@ -206,7 +206,8 @@ async def test_required_tool_choice_returns_parsed_calls(server_url):
     {"response_format": {"type": "json_schema",
                          "json_schema": {"name": "x", "schema": {"type": "objekt"}}}},
     {"structured_outputs": {"regex": "(unclosed"}},
-    {"tools": TOOLS, "tool_choice": "auto"},
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "objekt"}}}], "tool_choice": "auto"},
 ])
 async def test_bad_constraints_are_400_without_an_engine_call(counted, fields):
     url, backend = counted

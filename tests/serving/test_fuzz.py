@@ -67,6 +67,18 @@ PLAN = {
     ("POST", "/v1/responses"): {GenerationMode.POSITIVE: POSITIVE // 2,
                                 GenerationMode.NEGATIVE: NEGATIVE // 2},
     ("GET", "/v1/responses/{response_id}"): {GenerationMode.POSITIVE: 10},
+    ("GET", "/v1/responses/{response_id}/input_items"): {GenerationMode.POSITIVE: 5},
+    ("DELETE", "/v1/responses/{response_id}"): {GenerationMode.POSITIVE: 5},
+    ("POST", "/v1/conversations"): {GenerationMode.POSITIVE: 10, GenerationMode.NEGATIVE: 10},
+    ("GET", "/v1/conversations/{conversation_id}"): {GenerationMode.POSITIVE: 5},
+    ("POST", "/v1/conversations/{conversation_id}"): {GenerationMode.POSITIVE: 5},
+    ("DELETE", "/v1/conversations/{conversation_id}"): {GenerationMode.POSITIVE: 5},
+    ("GET", "/v1/conversations/{conversation_id}/items"): {GenerationMode.POSITIVE: 5},
+    ("POST", "/v1/conversations/{conversation_id}/items"): {GenerationMode.POSITIVE: 5},
+    ("GET", "/v1/conversations/{conversation_id}/items/{item_id}"):
+        {GenerationMode.POSITIVE: 5},
+    ("DELETE", "/v1/conversations/{conversation_id}/items/{item_id}"):
+        {GenerationMode.POSITIVE: 5},
     ("GET", "/v1/models"): {GenerationMode.POSITIVE: 20},
     ("GET", "/health"): {GenerationMode.POSITIVE: 20},
     ("GET", "/metrics"): {GenerationMode.POSITIVE: 20},
@@ -110,6 +122,9 @@ def check_answer(method: str, path: str, body: Any, resp: schemathesis.Response)
         return
     if path == "/v1/responses":
         check_response(resp)
+        return
+    if path.startswith(("/v1/responses/", "/v1/conversations")):  # the store's objects
+        assert isinstance(resp.json(), dict), resp.text[:300]
         return
     chat = path == "/v1/chat/completions"
     # Lax validation turns "2" or 2.0 into 2: count choices as the server read n.
