@@ -98,9 +98,14 @@ test-fast: setup
 
 bench-peers: $(PEERS)/optillm/.installed $(PEERS)/its_hub/.installed
 
+# A peer's virtualenv, with a current pip: $(call peer_venv,DIR).
+define peer_venv
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
+endef
+
 $(PEERS)/optillm/.installed:
-	$(PYTHON) -m venv $(PEERS)/optillm
-	$(PEERS)/optillm/bin/python -m pip install --quiet --upgrade pip
+	$(call peer_venv,$(PEERS)/optillm)
 	# Its torch requirement is unpinned: the CPU build goes in first, so pip fetches no CUDA one.
 	$(PEERS)/optillm/bin/python -m pip install --quiet "torch==2.13.0+cpu"
 	$(PEERS)/optillm/bin/python -m pip install --quiet "optillm==$(OPTILLM_VERSION)"
@@ -108,8 +113,7 @@ $(PEERS)/optillm/.installed:
 
 # its_hub with its OpenAI-client extra only: bench/vs_its_hub.py runs it against vLLM.
 $(PEERS)/its_hub/.installed:
-	$(PYTHON) -m venv $(PEERS)/its_hub
-	$(PEERS)/its_hub/bin/python -m pip install --quiet --upgrade pip
+	$(call peer_venv,$(PEERS)/its_hub)
 	$(PEERS)/its_hub/bin/python -m pip install --quiet "its-hub[lm]==$(ITS_HUB_VERSION)"
 	touch $@
 
@@ -119,8 +123,7 @@ LITELLM_VERSION ?= 1.110.2
 peers-clients: $(PEERS)/clients/.installed
 
 $(PEERS)/clients/.installed:
-	$(PYTHON) -m venv $(PEERS)/clients
-	$(PEERS)/clients/bin/python -m pip install --quiet --upgrade pip
+	$(call peer_venv,$(PEERS)/clients)
 	$(PEERS)/clients/bin/python -m pip install --quiet "torch==2.13.0+cpu"
 	$(PEERS)/clients/bin/python -m pip install --quiet "lm-eval[api]==$(LM_EVAL_VERSION)" \
 		"litellm==$(LITELLM_VERSION)"
@@ -133,8 +136,7 @@ LANGCHAIN_OPENAI_VERSION ?= 1.8.1
 agent-clients: $(PEERS)/agents/.installed
 
 $(PEERS)/agents/.installed:
-	$(PYTHON) -m venv $(PEERS)/agents
-	$(PEERS)/agents/bin/python -m pip install --quiet --upgrade pip
+	$(call peer_venv,$(PEERS)/agents)
 	$(PEERS)/agents/bin/python -m pip install --quiet "openai-agents==$(OPENAI_AGENTS_VERSION)" \
 		"langchain-openai==$(LANGCHAIN_OPENAI_VERSION)"
 	touch $@
