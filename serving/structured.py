@@ -100,19 +100,17 @@ def output_of(req: ChatCompletionRequest | CompletionRequest) -> Output:
         raise InvalidRequestError(
             "only one output constraint per request; got " + ", ".join(p for p, _ in found),
             param=found[1][0])
-    reply, prompt = Reply(), None
-    if isinstance(req, ChatCompletionRequest):
-        tool = tool_constraint(req, found[0][1] if found else None)
-        if tool is not None:  # the call's constraint replaces (or holds) the format's
-            reply, constraint, prompt = tool
-            found = [("tool_choice", constraint)]
+    tool = (tool_constraint(req, found[0][1] if found else None)
+            if isinstance(req, ChatCompletionRequest) else None)
+    if tool is not None:  # the call's constraint replaces (or holds) the format's
+        found = [("tool_choice", tool.constraint)]
+    reply = tool.reply if tool is not None else Reply()
     logprobs, top = logprob_fields(req)
     constraint = found[0][1] if found else None
-    example = (tuple(demonstration(engine_tools(req.tools or [])))
-               if reply.tools in ("auto", "required") else ())
     return Output(constraint=constraint, logprobs=logprobs, top_logprobs=top,
-                  reply=Reply(reply.tools, reply.function, logprobs), tools_prompt=prompt,
-                  tools_example=example)
+                  reply=Reply(reply.tools, reply.function, logprobs),
+                  tools_prompt=tool.prompt if tool is not None else None,
+                  tools_example=tool.example if tool is not None else ())
 
 
 def at(param: str, build: Callable[[], Constraint]) -> Constraint:
@@ -216,9 +214,20 @@ def engine_tools(tools: list[ChatTool]) -> list[Tool]:
                  t.function.parameters or EMPTY_OBJECT) for t in tools]
 
 
+@dataclass(frozen=True)
+class ToolTurn:
+    """What a turn that may or must call a tool asks: the reply, the constraint, the
+    system text and, for "auto" and "required", the worked exchange shown after it."""
+
+    reply: Reply
+    constraint: Constraint
+    prompt: str
+    example: tuple[Message, ...] = ()
+
+
 def tool_constraint(req: ChatCompletionRequest, text: Constraint | None = None,
-                    ) -> tuple[Reply, Constraint, str] | None:
-    """For a turn that may or must call a tool: the reply, the constraint and the prompt.
+                    ) -> ToolTurn | None:
+    """For a turn that may or must call a tool: the reply, the constraint, the prompt.
 
     None when no tool is to be called (no tools, or ``tool_choice: "none"``).
     ``"auto"`` (the default when tools are given) lets the model choose text (in the
@@ -237,8 +246,9 @@ def tool_constraint(req: ChatCompletionRequest, text: Constraint | None = None,
         found = engine_tools(tools)
         constraint = envelope_constraint(found, required=required, max_calls=max_calls,
                                          text=shape)
-        return (Reply("required" if required else "auto"), constraint,
-                tools_instructions(found, required=required))
+        return ToolTurn(Reply("required" if required else "auto"), constraint,
+                        tools_instructions(found, required=required),
+                        tuple(demonstration(found)))
     name = choice.function.name
     index = next((i for i, t in enumerate(tools) if t.function.name == name), None)
     if index is None:
@@ -247,7 +257,7 @@ def tool_constraint(req: ChatCompletionRequest, text: Constraint | None = None,
                                   f"in tools (known: {known})", param="tool_choice")
     params = tools[index].function.parameters or EMPTY_OBJECT
     constraint = schema_constraint(params, f"tools[{index}].function.parameters", name)
-    return Reply("named", name), constraint, named_prompt(tools, name)
+    return ToolTurn(Reply("named", name), constraint, named_prompt(tools, name))
 
 
 def named_prompt(tools: list[ChatTool], named: str) -> str:
