@@ -38,10 +38,12 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from refinery.engine.constraints import Constraint, check_schema
-from refinery.engine.types import Message
+
+if TYPE_CHECKING:
+    from refinery.engine.types import Message
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -70,6 +72,17 @@ class Call:
     def arguments_json(self) -> str:
         """The arguments as JSON text, as the OpenAI API carries them."""
         return json.dumps(self.arguments, ensure_ascii=False)
+
+
+@dataclass(frozen=True)
+class CallDelta:
+    """A streamed piece of a native tool call, as vLLM's server streams them: the
+    call's ``index`` in the answer, its ``name`` (on the call's first piece only) and
+    a fragment of its ``arguments`` JSON text (the fragments concatenate to it)."""
+
+    index: int
+    name: str | None = None
+    arguments: str = ""
 
 
 @dataclass(frozen=True)
@@ -143,6 +156,8 @@ def demonstration(tools: Sequence[Tool]) -> list[Message]:
         ...     "type": "object", "properties": {"a": {"type": "number"}}})])]
         ['Add two numbers.', '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>']
     """
+    from refinery.engine.types import Message  # types.py holds Calls: import it late
+
     tool = tools[0]
     props = (tool.parameters or {}).get("properties", {})
     args = {key: _sample(schema) for key, schema in props.items()}

@@ -14,9 +14,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+)
 
 from refinery.engine.constraints import Constraint
+from refinery.engine.tool_calls import Call, CallDelta, Tool
 
 Role = Literal["system", "user", "assistant", "tool"]
 # "loop": the loop detector stopped the sample; "confidence": a confidence rule
@@ -26,12 +34,30 @@ FINISH_REASONS: frozenset[str] = frozenset(("stop", "length", "loop", "confidenc
 
 
 class Message(BaseModel):
-    """One chat turn."""
+    """One chat turn.
+
+    An assistant turn may carry its ``reasoning`` and the ``tool_calls`` it made, a
+    ``tool`` turn the ``tool_call_id`` it answers, so a chat template that takes tools
+    renders the real turns (a model without one reads the plain-text rendering).
+    """
 
     model_config = ConfigDict(frozen=True)
 
     role: Role
     content: str
+    reasoning: str | None = None
+    tool_calls: list[Call] | None = None
+    tool_call_id: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _plain_turns_stay_plain(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # A turn without reasoning or calls dumps as {"role", "content"}, as it always
+        # did (datasets, traces and upstream requests read that shape).
+        data = handler(self)
+        for key in ("reasoning", "tool_calls", "tool_call_id"):
+            if data.get(key) is None:
+                data.pop(key, None)
+        return data
 
 
 class SamplingParams(BaseModel):
@@ -48,6 +74,8 @@ class SamplingParams(BaseModel):
     serves them); the Context sets it to the task's id.
     ``thinking_token_budget`` caps a reasoning model's thinking tokens (vLLM's
     field: the engine needs a reasoning parser; one without refuses the request).
+    ``tools`` are the functions a chat template renders when the backend parses
+    the model's native tool calls (its ``tool_call_parser``); never dumped.
     """
 
     temperature: float = Field(0.7, ge=0.0, le=2.0)
@@ -61,6 +89,7 @@ class SamplingParams(BaseModel):
     constraint: Constraint | None = None
     thinking_token_budget: int | None = Field(None, ge=0)
     affinity: str | None = Field(None, exclude=True)  # routing, not sampling: never dumped
+    tools: list[Tool] | None = Field(None, exclude=True)  # the prompt's, not sampling's
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -137,6 +166,12 @@ class Completion(BaseModel):
     ``measures`` is what the call's stop rules measured on the sample (DeepConf's
     confidences, engine/confidence.py), None when no rule reports anything.
     ``completion_tokens`` counts every token generated, up to a stop included.
+
+    The backend splits the generated text into parts (engine/completion_parts.py):
+    ``reasoning`` is the model's own thinking, ``reasoning_tokens`` its tokens,
+    ``tool_calls`` the calls its native tool-call parser found; ``text`` is then the
+    rest (the answer, outside any call), what votes, verifiers and judges read.
+    All three are None when the backend has no such parser or found nothing.
     """
 
     text: str
@@ -148,12 +183,21 @@ class Completion(BaseModel):
     loop_onset: int | None = None
     token_logprobs: list[TokenLogprob] | None = None
     measures: dict[str, float | int] | None = None
+    reasoning: str | None = None
+    reasoning_tokens: int | None = None
+    tool_calls: list[Call] | None = None
 
 
 class Delta(BaseModel):
-    """One streamed piece of a single sample; the last one has ``finish_reason``."""
+    """One streamed piece of a single sample; the last one has ``finish_reason``.
+
+    ``reasoning`` is the piece's thinking text, ``tool_calls`` its pieces of native
+    tool calls (engine/tool_calls.py ``CallDelta``); ``text`` the answer's piece.
+    """
 
     text: str = ""
+    reasoning: str = ""
+    tool_calls: list[CallDelta] | None = None
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] | None = None  # the tokens of ``text``, when asked for
     completion: Completion | None = None  # set on the final delta
