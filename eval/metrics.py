@@ -12,8 +12,6 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import math
-import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from refinery.eval.example import Example
+from refinery.strategies.profile import wilson_interval
 from refinery.verifiers.base import Verdict, Verifier
 from refinery.verifiers.code import extract_code
 from refinery.verifiers.math import (
@@ -45,31 +44,7 @@ __all__ = [
     "wilson_interval",
 ]
 
-Z95 = statistics.NormalDist().inv_cdf(0.975)  # 1.95996...
-
-
 # ------------------------------------------------------------------------------- accuracy
-
-
-def wilson_interval(successes: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (95% by default).
-
-    Unlike the normal approximation it stays inside [0, 1] and is sensible at 0/n
-    and n/n, which small benchmark runs hit often.
-
-    Example:
-        >>> [round(x, 4) for x in wilson_interval(0, 10)]
-        [0.0, 0.2775]
-    """
-    if n < 0 or not 0 <= successes <= n:
-        raise ValueError(f"need 0 <= successes <= n, got {successes}/{n}")
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    z2 = z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 class Accuracy(BaseModel):

@@ -26,6 +26,7 @@ from refinery.engine.errors import InvalidRequestError
 from refinery.eval.metrics import Accuracy, CostSummary, accuracy, cost_summary
 from refinery.eval.results_file import read_results, snapshot
 from refinery.eval.runner import CONFIG, RESULTS
+from refinery.strategies.profile import pareto_front
 
 __all__ = [
     "ReportFiles",
@@ -152,25 +153,6 @@ def summarize_run(name: str, path: str, cfg: RunConfig,
         strict=accuracy(strict_rows) if strict_rows else None,
         flexible=accuracy(flex_rows) if flex_rows else None,
         levels={lv: accuracy(v) for lv, v in sorted(by_level.items())})
-
-
-def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
-    """Indices of the points no other point beats: ``(cost, accuracy)``, lower cost and
-    higher accuracy better; returned in order of increasing cost.
-
-    Example:
-        >>> pareto_front([(100, 0.5), (200, 0.4), (300, 0.7)])
-        [0, 2]
-    """
-    # One sweep in order of cost (then accuracy, best first), n log n: a point is on the
-    # front when it is more accurate than every cheaper one, or repeats the last point.
-    front: list[int] = []
-    best = float("-inf")
-    for i in sorted(range(len(points)), key=lambda i: (points[i][0], -points[i][1])):
-        if points[i][1] > best or (front and points[i] == points[front[-1]]):
-            front.append(i)
-            best = max(best, points[i][1])
-    return front
 
 
 def _pct(a: Accuracy) -> str:
