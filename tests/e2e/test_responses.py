@@ -103,3 +103,27 @@ async def test_bad_input_is_an_openai_error_without_an_engine_call(counted, fiel
         await aclient(url).responses.create(model=MODEL, input=Q, extra_body=fields)
     assert exc.value.status_code == 400 and exc.value.body["param"].startswith(param)
     assert backend.calls == before
+
+
+async def test_a_previous_response_id_chain_feeds_the_model_every_earlier_turn(server_url):
+    api = aclient(server_url)
+    greedy = {"model": MODEL, "temperature": 0, "max_output_tokens": 8}
+    r1 = await api.responses.create(input="My name is Ada. Say hello.", **greedy)
+    r2 = await api.responses.create(input="I live in Lisbon.", previous_response_id=r1.id,
+                                    **greedy)
+    r3 = await api.responses.create(input="What is my name?", previous_response_id=r2.id,
+                                    **greedy)
+    # What the server fed turn 3: every earlier turn, as the one stored chain...
+    listed = await api.responses.input_items.list(r3.id, order="asc")
+    said = [(i.role, i.content[0].text) for i in listed.data]
+    answers = [r1.output_text, r2.output_text]
+    assert said == [("user", "My name is Ada. Say hello."), ("assistant", answers[0]),
+                    ("user", "I live in Lisbon."), ("assistant", answers[1]),
+                    ("user", "What is my name?")]
+    # ...so its prompt is the whole conversation's, token for token: the same turns
+    # sent explicitly (and not stored) count the same input tokens.
+    explicit = await api.responses.create(store=False, input=[
+        {"role": role, "content": text} for role, text in said], **greedy)
+    assert r3.usage.input_tokens == explicit.usage.input_tokens
+    assert r1.usage.input_tokens < r2.usage.input_tokens < r3.usage.input_tokens
+    assert r3.usage.input_tokens > r2.usage.input_tokens + r2.usage.output_tokens
