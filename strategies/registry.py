@@ -34,6 +34,8 @@ from refinery.strategies.critique_refine import CritiqueRefine
 from refinery.strategies.deepconf import DeepConf
 from refinery.strategies.dei import DEI
 from refinery.strategies.dvts import DVTS
+from refinery.strategies.genselect import GenSelect
+from refinery.strategies.mcts import MCTS
 from refinery.strategies.memory import Memory
 from refinery.strategies.moa import MoA
 from refinery.strategies.particle import ParticleFilter
@@ -61,6 +63,7 @@ STRATEGIES: tuple[tuple[type[Strategy], tuple[str, ...]], ...] = (
     (SAGE, ()),
     (DEI, ("committee",)),
     (MoA, ("mixture_of_agents",)),
+    (GenSelect, ("generative_select",)),
     (ReRead, ("reread", "re_reading")),
     (CoTReflection, ()),
     (DeepConf, ()),
@@ -70,6 +73,7 @@ STRATEGIES: tuple[tuple[type[Strategy], tuple[str, ...]], ...] = (
     (BeamSearch, ("beam_search",)),
     (DVTS, ("diverse_verifier_tree_search",)),
     (ParticleFilter, ("particle_filtering", "pf")),
+    (MCTS, ("monte_carlo_tree_search",)),
     (Memory, ("procedural_memory",)),
 )
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pydantic import Field
 
@@ -109,11 +110,19 @@ class StepSearch(Strategy):
         """Indices into ``population`` of the paths that go on (repeats: copies)."""
         raise NotImplementedError
 
-    async def solve(self, task: Task, ctx: Context) -> Attempt:
+    def _setup(self, task: Task, ctx: Context) -> tuple[StepScorer, list[Message],
+                                                         SamplingParams]:
+        """A solve's step scorer (a fresh one: a judge keeps this solve's scores only),
+        prompt, and the sampling of one step."""
         p = self.params
         scorer, messages = build_scorer(p.scorer), with_question(task.messages, p.instruction)
-        params = ctx.params.but(temperature=p.temperature, max_tokens=p.step_tokens,
-                                stop=[*ctx.params.stop, STEP_END])
+        return scorer, messages, ctx.params.but(temperature=p.temperature,
+                                                max_tokens=p.step_tokens,
+                                                stop=[*ctx.params.stop, STEP_END])
+
+    async def solve(self, task: Task, ctx: Context) -> Attempt:
+        p = self.params
+        scorer, messages, params = self._setup(task, ctx)
         rng = random.Random(f"{getattr(p, 'seed', 0)}:{task.id}")
         live, finished, exhausted = self.first_paths(), [], None
         for level in range(p.max_steps):
@@ -136,7 +145,8 @@ class StepSearch(Strategy):
         return await self._answer(ctx, messages, finished, live, exhausted)
 
     def _record(self, ctx: Context, level: int, grown: list[StepPath],
-                population: list[StepPath], kept: list[int]) -> None:
+                population: list[StepPath], kept: list[int], **extra: Any) -> None:
+        """One ``search`` event; ``extra``: what else the strategy records (mcts's chain)."""
         how = self.params.aggregate
         values = [round(g.value(how), 4) for g in population]
         # Each step scored at this level, finished or not, as (generation event,
@@ -147,7 +157,8 @@ class StepSearch(Strategy):
         ctx.emit("search", f"level {level}: kept {len(kept)} of {len(population)}",
                  strategy=self.name, level=level, scores=values, kept=kept,
                  pruned=[i for i in range(len(population)) if i not in kept],
-                 done=[i for i, g in enumerate(population) if g.done], last_steps=last)
+                 done=[i for i, g in enumerate(population) if g.done], last_steps=last,
+                 **extra)
 
     async def _grow(self, task: Task, ctx: Context, messages: list[Message],
                     params: SamplingParams, live: list[StepPath], scorer: StepScorer,
