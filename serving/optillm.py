@@ -47,11 +47,13 @@ APPROACHES = MappingProxyType({
     # OptiLLM's plugin runs the code blocks of a reply; tir runs them inside the
     # reasoning and lets the model read their output before it answers.
     "executecode": "tir",
+    # OptiLLM's defaults: 2 simulations, exploration weight 0.2, 3 actions per expansion.
+    "mcts": "mcts(simulations=2, exploration=0.2, expansions=3)",
+    "genselect": "genselect(cot, n=4)",  # OptiLLM compares 4 candidates
 })
 
 # OptiLLM approaches and plugins refinery does not implement -> its closest strategies.
 UNSUPPORTED = MappingProxyType({
-    "mcts": "best_of_n, ssr",
     "rto": "critique_refine",
     "z3": "ssr, cot_reflection",
     "pvg": "best_of_n, critique_refine",
@@ -61,7 +63,6 @@ UNSUPPORTED = MappingProxyType({
     "cepo": "ssr_plan, best_of_n",
     "mars": "dei(ssr, critique_refine, sage(cot)), moa",
     "majority_voting": "sc(cot)",
-    "genselect": "best_of_n",
     "deepthink": "sc(cot), cot_reflection",
     "thinkdeeper": "cot",
     "coc": "cot",

@@ -227,7 +227,7 @@ async def test_none_and_auto(scripted_serve, client):
 
 
 @pytest.mark.parametrize("approach,closest", [
-    ("mcts", "best_of_n, ssr"), ("rto", "critique_refine"), ("plansearch", "sage(cot)"),
+    ("rto", "critique_refine"), ("plansearch", "sage(cot)"),
     ("leap", "cot"), ("majority_voting", "sc(cot)")])
 async def test_an_unimplemented_approach_is_a_400_naming_the_closest(scripted_serve, client,
                                                                       approach, closest):
