@@ -1,7 +1,7 @@
 """The ``refinery`` command line: one group per module, all of them mounted here.
 
 ``solve`` (generate, solve, graph, strategies, model-path, trace), ``serve``,
-``ui``, ``eval``, ``distill`` and ``check`` (``verifiers``). Every group is
+``ui``, ``eval``, ``tune``, ``distill`` and ``check`` (``verifiers``). Every group is
 imported as it is: a broken module breaks ``refinery --help`` rather than
 silently taking its commands away. Optional dependencies (vLLM's engine, ray,
 trl, matplotlib) are imported inside the commands that need them, so the whole
@@ -27,6 +27,7 @@ from refinery.cli.distill import distill_group
 from refinery.cli.eval import eval_group
 from refinery.cli.serve import serve
 from refinery.cli.solve import COMMANDS
+from refinery.cli.tune import tune_cmd
 from refinery.cli.ui import ui
 from refinery.cli.verifiers import check_group
 from refinery.engine.console import interrupt_on_sigterm
@@ -43,7 +44,7 @@ def app() -> None:
     """refinery: inference-time reasoning and refinement engine."""
 
 
-for command in (*COMMANDS, serve, ui, eval_group, distill_group, check_group):
+for command in (*COMMANDS, serve, ui, eval_group, tune_cmd, distill_group, check_group):
     app.add_command(command)
 
 

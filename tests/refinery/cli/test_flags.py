@@ -19,6 +19,7 @@ from refinery.cli import app
 from refinery.cli.flags import fields_of
 from refinery.distill import LoopConfig, TrainConfig
 from refinery.eval import EvalConfig
+from refinery.eval.tune import TuneConfig
 from refinery.serving import ServerConfig
 
 # Should a flag ever let a run start, it fails fast against a closed port, no engine.
@@ -29,6 +30,7 @@ PARITY = {
     ("eval", "run"): (EvalConfig, set(), {"force", "retry_errors", "progress"}),
     ("distill", "loop"): (LoopConfig, set(), {"progress"}),
     ("distill", "train"): (TrainConfig, set(), set()),
+    ("tune",): (TuneConfig, set(), {"progress"}),
     ("serve",): (ServerConfig, {"presets", "effort", "api_keys", "allowed_hosts"},
                  {"host", "port", "backend", "base_url", "dtype", "upstream_api_key",
                   "api_key_file", "effort", "compile_graph", "runs", "hosts"}),

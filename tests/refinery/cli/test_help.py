@@ -15,7 +15,7 @@ from refinery.cli import app
 from tests.refinery.cli.test_flags import all_commands
 
 GROUPS = ["check", "distill", "eval", "generate", "graph", "model-path", "serve", "solve",
-          "strategies", "trace", "ui"]
+          "strategies", "trace", "tune", "ui"]
 # What a flag's value may be shown as: click's words for the types, choices, a metavar.
 TYPE_WORDS = re.compile(r"^(INTEGER|FLOAT)( RANGE)?$|^(TEXT|PATH|FILE|DIRECTORY)$|^\[.+\]$"
                         r"|^[A-Z][A-Z_=]*$")
