@@ -268,7 +268,7 @@ class Context:
                                      stop_rule=self._call_rule(params, rule), **cont)
         try:
             async for delta in stream:
-                if delta.text or delta.logprobs:
+                if delta.text or delta.reasoning or delta.tool_calls or delta.logprobs:
                     await self.final_sink(delta)
                 last = delta
         finally:

@@ -3,7 +3,8 @@
 The serve path (``serving.serve``) and the stream (``serving.streaming``) are
 written once; an adapter builds the endpoint's own response, chunks and
 usage chunk. Chat opens every choice with a role chunk and shows strategy
-steps as ``reasoning_content``; completions have neither.
+steps as ``reasoning`` (and ``reasoning_content``, the same text), after the
+model's own thinking; completions show only the model's thinking.
 
 The reply's shape (``ResponseHead.reply``): chat logprobs are
 ``{"content": [token...]}`` in OpenAI's shape, completions' the legacy
@@ -86,12 +87,26 @@ class ResponseHead:
 
 @dataclass(frozen=True)
 class Answer:
-    """A choice's result: text, finish reason, logprobs (if asked and known), reasoning."""
+    """A choice's result: text, finish reason, logprobs (if asked and known), reasoning.
+
+    ``thinking`` is the model's own thinking in the sample that became the answer
+    (its reasoning parser's ``Completion.reasoning``); ``reasoning`` a shaped answer's
+    solution. ``shown_reasoning`` is what the reasoning fields carry: both, thinking first.
+
+    Example:
+        >>> Answer("4", thinking="2+2 is 4.", reasoning="[cot] 4").shown_reasoning
+        '2+2 is 4.\\n\\n[cot] 4'
+    """
 
     text: str
     finish_reason: str = "stop"
     logprobs: list[TokenLogprob] | None = None
     reasoning: str | None = None  # a shaped answer's solution (engine.run.conform)
+    thinking: str | None = None
+
+    @property
+    def shown_reasoning(self) -> str | None:
+        return "\n\n".join(t for t in (self.thinking, self.reasoning) if t) or None
 
 
 def public_finish(reason: str) -> str:
@@ -104,10 +119,11 @@ def answer(trace: Trace, logprobs: bool = False) -> Answer:
     """A choice's answer; its logprobs are those of the sample that became it, if any."""
     if trace.attempt is None:
         return Answer("")
-    comp = answer_completion(trace) if logprobs else None
+    comp = answer_completion(trace)
     return Answer(trace.attempt.text, public_finish(trace.attempt.finish_reason),
-                  comp.token_logprobs if comp is not None else None,
-                  trace.attempt.metadata.get("reasoning"))
+                  comp.token_logprobs if comp is not None and logprobs else None,
+                  trace.attempt.metadata.get("reasoning"),
+                  comp.reasoning if comp is not None else None)
 
 
 def finite(tokens: list[TokenLogprob]) -> list[TokenLogprob]:
@@ -134,18 +150,21 @@ def legacy_logprobs(tokens: list[TokenLogprob], offset: int) -> CompletionLogpro
 def usage_info(outcome: Outcome) -> UsageInfo:
     """The response's usage: the run's totals, its reasoning tokens, its cached prompt.
 
-    ``reasoning_tokens`` is ``engine.run.reasoning_tokens``: every generated
-    token but those of the samples that became the returned answers (0 on
-    passthrough). ``prompt_tokens_details`` is sent only when the backend
-    reported cached tokens.
+    ``reasoning_tokens`` is the model's own thinking in the returned answers'
+    samples (their ``Completion.reasoning_tokens``) plus ``engine.run.reasoning_tokens``:
+    every generated token but those of the samples that became the returned
+    answers (0 on passthrough). ``prompt_tokens_details`` is sent only when the
+    backend reported cached tokens.
     """
     u = outcome.usage
     cached = (PromptTokensDetails(cached_tokens=u.cached_tokens)
               if u.cached_tokens is not None else None)
+    thinking = sum(comp.reasoning_tokens or 0 for trace in outcome.traces
+                   if (comp := answer_completion(trace)) is not None)
     return UsageInfo(prompt_tokens=u.prompt_tokens, completion_tokens=u.completion_tokens,
                      total_tokens=u.total_tokens, prompt_tokens_details=cached,
                      completion_tokens_details=CompletionTokensDetails(
-                         reasoning_tokens=reasoning_tokens(outcome.traces, u)))
+                         reasoning_tokens=thinking + reasoning_tokens(outcome.traces, u)))
 
 
 def refinery_info(prep: Prepared, outcome: Outcome) -> RefineryInfo:
@@ -182,6 +201,10 @@ class Endpoint:
 
     def reasoning(self, head: ResponseHead, i: int, text: str) -> BaseModel | None:
         """A strategy step of choice ``i`` as a chunk, if the endpoint shows steps."""
+        return None
+
+    def thinking(self, head: ResponseHead, i: int, text: str) -> BaseModel | None:
+        """A piece of the model's own thinking in choice ``i``'s answer, as a chunk."""
         return None
 
     def delta(self, head: ResponseHead, i: int, text: str,
@@ -261,7 +284,10 @@ class ChatEndpoint(Endpoint):
         return self.chunk(head, i, DeltaMessage(role="assistant", content=""))
 
     def reasoning(self, head: ResponseHead, i: int, text: str) -> ChatCompletionChunk:
-        return self.chunk(head, i, DeltaMessage(reasoning_content=text))
+        return self.chunk(head, i, DeltaMessage(reasoning=text, reasoning_content=text))
+
+    def thinking(self, head: ResponseHead, i: int, text: str) -> ChatCompletionChunk:
+        return self.reasoning(head, i, text)
 
     def delta(self, head: ResponseHead, i: int, text: str,
               logprobs: list[TokenLogprob] | None = None,
@@ -306,8 +332,10 @@ class ChatEndpoint(Endpoint):
         calls, cut = found if found is not None else (None, False)
         finish = (calls_finish(head.reply, calls, cut, ans.finish_reason)
                   if calls is not None else ans.finish_reason)
+        shown = ans.shown_reasoning
         message = ResponseMessage(content=None if calls is not None else ans.text,
-                                  tool_calls=calls or None, reasoning_content=ans.reasoning)
+                                  tool_calls=calls or None, reasoning=shown,
+                                  reasoning_content=shown)
         logprobs = (ChoiceLogprobs(content=finite(ans.logprobs))
                     if ans.logprobs is not None else None)
         return ChatChoice(index=i, message=message, logprobs=logprobs, finish_reason=finish)
@@ -322,7 +350,8 @@ class ChatEndpoint(Endpoint):
 
 
 class CompletionEndpoint(Endpoint):
-    """``/v1/completions``: text chunks, no role, no reasoning, no extension on chunks."""
+    """``/v1/completions``: text chunks, no role, no strategy steps, no extension on
+    chunks; the model's own thinking in ``reasoning`` / ``reasoning_content``."""
 
     name = "completion"
     id_prefix = "cmpl"
@@ -337,6 +366,11 @@ class CompletionEndpoint(Endpoint):
               logprobs: list[TokenLogprob] | None = None, offset: int = 0) -> CompletionChunk:
         lp = legacy_logprobs(logprobs, offset) if logprobs is not None else None
         return self.chunk(head, i, text, logprobs=lp)
+
+    def thinking(self, head: ResponseHead, i: int, text: str) -> CompletionChunk:
+        return CompletionChunk(id=head.id, created=head.created, model=head.model, choices=[
+            CompletionChoice(index=i, text="", finish_reason=None, reasoning=text,
+                             reasoning_content=text)])
 
     def finish(self, head: ResponseHead, i: int, reason: str) -> CompletionChunk:
         return self.chunk(head, i, "", reason)
@@ -353,7 +387,9 @@ class CompletionEndpoint(Endpoint):
             ans = answer(trace, head.reply.logprobs)
             lp = legacy_logprobs(ans.logprobs, 0) if ans.logprobs is not None else None
             choices.append(CompletionChoice(index=i, text=ans.text, logprobs=lp,
-                                            finish_reason=ans.finish_reason))
+                                            finish_reason=ans.finish_reason,
+                                            reasoning=ans.thinking,
+                                            reasoning_content=ans.thinking))
         return CompletionResponse(id=head.id, created=head.created, model=head.model,
                                   choices=choices, usage=usage_info(outcome), refinery=info)
 

@@ -92,6 +92,9 @@ REASONING_EFFORT = ("How hard to think: the server runs the strategy it maps thi
                     "refinery.strategy wins.")
 
 
+REASONING = ("The model's own thinking (its reasoning parser's), then a strategy's steps; "
+             "never part of the answer (vLLM's field).")
+REASONING_CONTENT = "The same text as reasoning, for clients that read the older field."
 THINKING_BUDGET = ("vLLM's cap on a reasoning model's thinking tokens, passed to every "
                    "generation (the engine must run a reasoning parser).")
 
@@ -326,9 +329,9 @@ class PromptTokensDetails(BaseModel):
 
 class CompletionTokensDetails(BaseModel):
     reasoning_tokens: int = Field(
-        0, description="Generated tokens that are not the returned answers': 0 on "
-        "passthrough; under a strategy every token but those of the sample(s) that became "
-        "the answer(s).")
+        0, description="Generated tokens that are not the returned answers': the "
+        "model's own thinking (0 on passthrough without a reasoning parser), and under "
+        "a strategy every token but those of the sample(s) that became the answer(s).")
 
 
 class UsageInfo(BaseModel):
@@ -358,7 +361,8 @@ class ResponseMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
     function_call: FunctionCall | None = Field(
         None, description="The legacy form of the call, when the request sent functions.")
-    reasoning_content: str | None = None
+    reasoning: str | None = Field(None, description=REASONING)
+    reasoning_content: str | None = Field(None, description=REASONING_CONTENT)
 
     @model_serializer(mode="wrap")
     def _always_content(self, handler: SerializerFunctionWrapHandler):
@@ -415,7 +419,8 @@ class DeltaMessage(BaseModel):
     content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
     function_call: DeltaFunctionCall | None = None  # legacy functions
-    reasoning_content: str | None = None
+    reasoning: str | None = Field(None, description=REASONING)
+    reasoning_content: str | None = Field(None, description=REASONING_CONTENT)
 
 
 class ChunkChoice(BaseModel):
@@ -454,6 +459,8 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = "stop"
+    reasoning: str | None = Field(None, description=REASONING)
+    reasoning_content: str | None = Field(None, description=REASONING_CONTENT)
 
 
 class CompletionResponse(BaseModel):

@@ -11,7 +11,9 @@ the chat response becomes a Responses object, and a stream of chat chunks
 becomes the Responses event sequence (``ResponsesStream``).
 
 Under a strategy, its steps are a ``reasoning`` output item (one summary text a
-step) before the ``message`` item; on passthrough there is no reasoning item.
+step) before the ``message`` item; the model's own thinking (a reasoning parser's)
+is that item's ``content`` (one ``reasoning_text``). On passthrough without
+thinking there is no reasoning item.
 Earlier turns (``previous_response_id``, ``conversation``) come before the input,
 and the finished response is kept, by the request's ``Thread``
 (serving/conversations.py); ``background`` is refused.
@@ -31,7 +33,7 @@ from pydantic import BaseModel
 from refinery.engine.errors import InvalidRequestError
 from refinery.engine.trace import Trace
 from refinery.serving.conversations import Thread
-from refinery.serving.endpoints import ChatEndpoint, OnError, ResponseHead
+from refinery.serving.endpoints import ChatEndpoint, OnError, ResponseHead, answer
 from refinery.serving.protocol import (
     AllowedTools,
     AllowedToolsChoice,
@@ -61,11 +63,18 @@ from refinery.serving.responses_protocol import (
     OutputItem,
     OutputText,
     ReasoningItem,
+    ReasoningText,
     ResponseObject,
     ResponsesRequest,
     SummaryText,
 )
-from refinery.serving.responses_stream import ResponsesStream, finished, item_id, usage
+from refinery.serving.responses_stream import (
+    ResponsesStream,
+    Thinking,
+    finished,
+    item_id,
+    usage,
+)
 from refinery.serving.service import Outcome
 from refinery.serving.streaming import reasoning_text
 from refinery.serving.tool_forms import plain_tools
@@ -221,14 +230,19 @@ class ResponsesEndpoint(ChatEndpoint):
         chat = super().response(head, outcome, info)
         output: list[OutputItem] = []
         steps = steps_of(outcome.traces[0]) if info.strategy is not None else []
-        if steps:
-            output.append(ReasoningItem(id=item_id("rs"), summary=[
-                SummaryText(text=s) for s in steps]))
+        thinking = answer(outcome.traces[0]).thinking
+        if steps or thinking:
+            output.append(ReasoningItem(
+                id=item_id("rs"), summary=[SummaryText(text=s) for s in steps],
+                content=[ReasoningText(text=thinking)] if thinking else None))
         output += answer_items(chat)
         done = self.shell(head, **finished(chat.choices[0].finish_reason), output=output,
                           usage=usage(chat.usage), refinery=info)
         self.keep(done)
         return done
+
+    def thinking(self, head: ResponseHead, i: int, text: str) -> Thinking:
+        return Thinking(text=text)  # the reasoning item's content, not a summary step
 
     def streamed(self, head: ResponseHead, chunks: AsyncIterator[BaseModel | str]
                  ) -> tuple[AsyncIterator[BaseModel | str], OnError]:

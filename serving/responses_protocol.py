@@ -31,13 +31,17 @@ from refinery.serving.protocol import (
 
 class InputContent(OpenAIBase):
     """A part of an input message or a function call's output: ``input_text`` (or an
-    earlier ``output_text``); other kinds are refused (``text_only``)."""
+    earlier ``output_text``; an earlier reasoning item's ``reasoning_text``); other
+    kinds are refused (``text_only``)."""
 
     type: str
     text: str | None = None
 
     _text = field_validator("text")(unicode_text)
-    _only_text = model_validator(mode="after")(text_only)
+
+    @model_validator(mode="after")
+    def _only_text(self) -> InputContent:
+        return self if self.type == "reasoning_text" else text_only(self)
 
 
 class InputItem(OpenAIBase):
@@ -55,6 +59,13 @@ class InputItem(OpenAIBase):
     output: str | list[InputContent] | None = None  # function_call_output
 
     _text = field_validator("content", "name", "arguments", "output", "call_id")(unicode_text)
+
+    @model_validator(mode="after")
+    def _thoughts_in_reasoning_only(self) -> InputItem:
+        if self.type != "reasoning" and isinstance(self.content, list) and any(
+                p.type == "reasoning_text" for p in self.content):
+            raise ValueError("reasoning_text parts belong to reasoning items only")
+        return self
 
 
 class TextFormat(JsonSchemaFormat):
@@ -166,12 +177,20 @@ class MessageItem(BaseModel):
     content: list[OutputText] = Field(default_factory=list)
 
 
+class ReasoningText(BaseModel):
+    type: Literal["reasoning_text"] = "reasoning_text"
+    text: str = ""
+
+
 class ReasoningItem(BaseModel):
-    """A strategy's steps: each step one summary text (refinery shows no raw thoughts)."""
+    """The model's own thinking (``content``: one ``reasoning_text``, as vLLM's
+    Responses API sends it; absent without a reasoning parser) and a strategy's steps
+    (``summary``: each step one summary text)."""
 
     type: Literal["reasoning"] = "reasoning"
     id: str
     summary: list[SummaryText] = Field(default_factory=list)
+    content: list[ReasoningText] | None = None
     status: Literal["in_progress", "completed"] = "completed"
 
 
@@ -312,7 +331,7 @@ class ResponseEvent(BaseModel):
     item_id: str | None = None
     content_index: int | None = None
     summary_index: int | None = None
-    part: OutputText | SummaryText | None = None
+    part: OutputText | SummaryText | ReasoningText | None = None
     delta: str | None = None
     text: str | None = None
     arguments: str | None = None

@@ -5,9 +5,11 @@ content or tool-call deltas, the finish, the usage chunk) and writes OpenAI's
 events, each ``event: <type>`` and ``data: {json}`` with a ``sequence_number``:
 
     response.created, response.in_progress
-    [reasoning]  output_item.added, then per step: reasoning_summary_part.added,
+    [reasoning]  output_item.added, the model's thinking as reasoning_text.delta...,
+                 then per step: reasoning_summary_part.added,
                  reasoning_summary_text.delta, reasoning_summary_text.done,
-                 reasoning_summary_part.done; output_item.done
+                 reasoning_summary_part.done; reasoning_text.done (if it thought);
+                 output_item.done
     [message]    output_item.added, content_part.added, output_text.delta...,
                  output_text.done, content_part.done, output_item.done
     [call]       output_item.added, function_call_arguments.delta...,
@@ -34,6 +36,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel
+
 from refinery.serving.endpoints import ResponseHead
 from refinery.serving.errors import openai_error
 from refinery.serving.protocol import ChatCompletionChunk, DeltaToolCall, UsageInfo
@@ -44,6 +48,7 @@ from refinery.serving.responses_protocol import (
     OutputItem,
     OutputText,
     ReasoningItem,
+    ReasoningText,
     ResponseError,
     ResponseEvent,
     ResponseObject,
@@ -51,7 +56,7 @@ from refinery.serving.responses_protocol import (
     SummaryText,
 )
 
-__all__ = ["ResponsesStream", "finished", "item_id", "usage"]
+__all__ = ["ResponsesStream", "Thinking", "finished", "item_id", "usage"]
 
 # The response object with the request's fields echoed (ResponsesEndpoint.shell).
 Shell = Callable[..., ResponseObject]
@@ -81,6 +86,13 @@ def usage(u: UsageInfo) -> ResponseUsage:
 
 
 
+class Thinking(BaseModel):
+    """A piece of the model's own thinking, as the Responses endpoint hands it to the
+    stream (chat sends it as ``delta.reasoning``, like a strategy's steps)."""
+
+    text: str
+
+
 @dataclass
 class Open:
     """The output item being written, and its place in the output."""
@@ -88,6 +100,7 @@ class Open:
     item: OutputItem
     index: int
     parts: list[str] = field(default_factory=list)  # a message's text, a call's arguments
+    thought: list[str] = field(default_factory=list)  # a reasoning item's thinking
 
 
 class ResponsesStream:
@@ -113,6 +126,9 @@ class ResponsesStream:
         async for chunk in chunks:
             if isinstance(chunk, str):  # a keep-alive comment
                 yield chunk
+            elif isinstance(chunk, Thinking):
+                for line in self.thinking(chunk.text):
+                    yield line
             elif isinstance(chunk, ChatCompletionChunk):
                 for line in self.chunk(chunk):
                     yield line
@@ -147,14 +163,25 @@ class ResponsesStream:
         self.open = Open(item, len(self.output))
         yield self.event("response.output_item.added", output_index=self.open.index, item=item)
 
+    def reasoning_item(self) -> Iterator[str]:
+        """Open the reasoning item if none is open (nothing when the answer has begun)."""
+        if self.open is None:
+            yield from self.opened(ReasoningItem(id=item_id("rs"), status="in_progress"))
+
+    def thinking(self, text: str) -> Iterator[str]:
+        """A piece of the model's thinking: the reasoning item's ``reasoning_text``."""
+        yield from self.reasoning_item()
+        if self.open is None or not isinstance(self.open.item, ReasoningItem):
+            return  # the answer has begun: late thinking is not shown
+        self.open.thought.append(text)
+        yield self.event("response.reasoning_text.delta", **self.at(), delta=text)
+
     def step(self, text: str) -> Iterator[str]:
         """A strategy step: a summary part of the reasoning item (opened if needed)."""
         text = text.rstrip("\n")  # chat's separator between steps; here each is a part
-        if self.open is not None and not isinstance(self.open.item, ReasoningItem):
+        yield from self.reasoning_item()
+        if self.open is None or not isinstance(self.open.item, ReasoningItem):
             return  # the answer has begun: a late step is not shown
-        if self.open is None:
-            yield from self.opened(ReasoningItem(id=item_id("rs"), status="in_progress"))
-        assert self.open is not None
         item, k = self.open.item, len(self.open.parts)
         where = {"item_id": item.id, "output_index": self.open.index, "summary_index": k}
         self.open.parts.append(text)
@@ -211,8 +238,13 @@ class ResponsesStream:
                              output_index=o.index, arguments=text, name=item.name)
             item = item.model_copy(update={"status": "completed", "arguments": text})
         else:
+            thought = "".join(o.thought)
+            if thought:
+                yield self.event("response.reasoning_text.done", item_id=item.id,
+                                 output_index=o.index, content_index=0, text=thought)
             item = item.model_copy(update={"status": "completed", "summary": [
-                SummaryText(text=t) for t in o.parts]})
+                SummaryText(text=t) for t in o.parts], "content": [
+                ReasoningText(text=thought)] if thought else None})
         self.output.append(item)
         yield self.event("response.output_item.done", output_index=o.index, item=item)
 

@@ -7,12 +7,14 @@ schema is sent; ``data: [DONE]`` always ends the stream.
 
 ``stream_chunks`` streams a strategy run through an endpoint adapter: each
 choice's opening chunk first (chat: the role), intermediate strategy steps as
-reasoning (chat: ``delta.reasoning_content``), the final answer as it is
-generated (token by token when the final stage is a generation, with its
-tokens' logprobs when asked), ``finish_reason`` on each choice's last chunk,
-then the usage chunk. Under a strategy with a response format, the strategy's
-generations are steps (reasoning) and the constrained call that shapes the
-answer streams as content (or as a named tool call's argument deltas).
+reasoning (chat: ``delta.reasoning`` and ``delta.reasoning_content``), the final
+answer as it is generated (token by token when the final stage is a generation,
+with its tokens' logprobs when asked; the model's own thinking in it as
+reasoning, or whole before the answer when the answer was not streamed),
+``finish_reason`` on each choice's last chunk, then the usage chunk. Under a
+strategy with a response format, the strategy's generations are steps
+(reasoning) and the constrained call that shapes the answer streams as content
+(or as a named tool call's argument deltas).
 
 Example:
     >>> async for event in sse(stream_chunks(CHAT, head, prep, service)):  # doctest: +SKIP
@@ -124,9 +126,10 @@ def confidence_note(comps: list[Completion]) -> str:
 
 @dataclass(frozen=True)
 class RunEvent:
-    """What a running request reports: a step, answer text, its end, or a keep-alive."""
+    """What a running request reports: a step, the model's thinking, answer text, its
+    end, or a keep-alive."""
 
-    kind: Literal["reasoning", "content", "done", "keepalive"]
+    kind: Literal["reasoning", "thinking", "content", "done", "keepalive"]
     choice: int = -1
     text: str = ""
     outcome: Outcome | None = None
@@ -149,6 +152,8 @@ async def events_of_run(service: Service, prep: Prepared,
 
     def sink(i: int) -> DeltaSink:
         async def put(delta: Delta) -> None:
+            if delta.reasoning:
+                queue.put_nowait(RunEvent("thinking", i, delta.reasoning))
             queue.put_nowait(RunEvent("content", i, delta.text, logprobs=delta.logprobs))
         return put
 
@@ -185,6 +190,7 @@ class Sent:
     chars: int = 0
     held: list[TokenLogprob] = field(default_factory=list)
     pending: str | None = None
+    thought: bool = False  # some of the model's thinking was streamed
 
     def undecided(self, reply: Reply, text: str) -> str | None:
         """``text`` to stream now, or None while the answer may still be a tool call."""
@@ -230,12 +236,19 @@ async def stream_chunks(endpoint: Endpoint, head: ResponseHead, prep: Prepared,
         elif ev.kind == "reasoning":
             if (chunk := endpoint.reasoning(head, ev.choice, ev.text)) is not None:
                 yield chunk
+        elif ev.kind == "thinking":
+            sent[ev.choice].thought = True
+            if (chunk := endpoint.thinking(head, ev.choice, ev.text)) is not None:
+                yield chunk
         elif ev.kind == "content":
             if (chunk := content_chunk(endpoint, head, ev, sent[ev.choice])) is not None:
                 yield chunk
         elif ev.outcome is not None:
             for i, trace in enumerate(ev.outcome.traces):
                 ans = answer(trace, head.reply.logprobs)
+                if ans.thinking and not sent[i].thought:  # an answer that was not streamed
+                    if (chunk := endpoint.thinking(head, i, ans.thinking)) is not None:
+                        yield chunk
                 for chunk in endpoint.closing(head, i, ans, sent[i].chars):
                     yield chunk
             if include_usage:

@@ -110,6 +110,40 @@ class CountingBackend:
         """Never closes the shared session engine (the session fixture does)."""
 
 
+class ThinkingBackend:
+    """A scripted backend whose model thinks before it answers, as a backend with a
+    reasoning parser reports it: every completion's ``reasoning`` is ``thought``
+    (one token a word, counted in ``completion_tokens`` and ``reasoning_tokens``), and
+    a stream sends the thought word by word as ``Delta.reasoning`` before the answer.
+    """
+
+    def __init__(self, inner: ScriptedBackend, thought: str):
+        self.inner, self.thought = inner, thought
+        self.tokens = len(thought.split())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def thinking(self, comp: Completion) -> Completion:
+        return comp.model_copy(update={
+            "reasoning": self.thought, "reasoning_tokens": self.tokens,
+            "completion_tokens": comp.completion_tokens + self.tokens})
+
+    async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
+                       n: int | None = None, **kw: Any) -> list[Completion]:
+        return [self.thinking(c) for c in await self.inner.generate(messages, params, n=n,
+                                                                    **kw)]
+
+    async def stream(self, messages: Sequence[Message], params: SamplingParams,
+                     **kw: Any) -> AsyncIterator[Delta]:
+        for j, word in enumerate(self.thought.split(" ")):
+            yield Delta(reasoning=word if j == 0 else " " + word)
+        async for delta in self.inner.stream(messages, params, **kw):
+            if delta.completion is not None:
+                delta = delta.model_copy(update={"completion": self.thinking(delta.completion)})
+            yield delta
+
+
 def assert_openai_error(body: Any, status: int | None = None) -> dict:
     """Check ``body`` is ``{"error": {"message", "type", "param", "code"}}``; return it.
 
