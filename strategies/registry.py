@@ -24,6 +24,7 @@ from typing import Any
 import networkx as nx
 
 from refinery.strategies.adaptive_sc import AdaptiveSelfConsistency
+from refinery.strategies.auto import Auto
 from refinery.strategies.base import Strategy
 from refinery.strategies.beam import BeamSearch
 from refinery.strategies.best_of_n import BestOfN
@@ -71,6 +72,7 @@ STRATEGIES: tuple[tuple[type[Strategy], tuple[str, ...]], ...] = (
     (SelfDebug, ("self_debugging",)),
     (ToolIntegratedReasoning, ("tool_integrated_reasoning",)),
     (BeamSearch, ("beam_search",)),
+    (Auto, ()),
     (DVTS, ("diverse_verifier_tree_search",)),
     (ParticleFilter, ("particle_filtering", "pf")),
     (MCTS, ("monte_carlo_tree_search",)),
