@@ -3,7 +3,9 @@
 For each dataset among the runs: accuracy against tokens per problem (one point
 per run, 95% interval bars, the Pareto front of "more accurate for fewer
 tokens" marked and connected) and, where problems have levels, accuracy per
-difficulty level.
+difficulty level. Runs of a ``refinery tune`` profile (``DIR/runs/*``, beside
+``DIR/profile.json``) have the profile's effort levels starred on the plot and
+listed in a table of their own.
 
 Example:
     >>> files = write_report(["runs/cot", "runs/sc8"], "docs", name="arith")  # doctest: +SKIP
@@ -26,7 +28,7 @@ from refinery.engine.errors import InvalidRequestError
 from refinery.eval.metrics import Accuracy, CostSummary, accuracy, cost_summary
 from refinery.eval.results_file import read_results, snapshot
 from refinery.eval.runner import CONFIG, RESULTS
-from refinery.strategies.profile import pareto_front
+from refinery.strategies.profile import PROFILE, Profile, pareto_front
 
 __all__ = [
     "ReportFiles",
@@ -57,6 +59,8 @@ class RunReport(BaseModel):
     strict: Accuracy | None = None
     flexible: Accuracy | None = None
     levels: dict[int, Accuracy] = Field(default_factory=dict)
+    effort: list[str] = Field(default_factory=list, description="the effort levels of a "
+                              "tuned profile this run is (its dir in PROFILE_DIR/runs/)")
 
 
 class ReportFiles(BaseModel):
@@ -127,7 +131,19 @@ def load_run(path: str | Path) -> RunReport:
     if not cfg_path.exists():
         raise InvalidRequestError(f"{p} is not a run directory (no {CONFIG})")
     cfg = RunConfig.parse(snapshot(cfg_path))
-    return summarize_run(p.name, str(p), cfg, read_results(p / RESULTS))
+    report = summarize_run(p.name, str(p), cfg, read_results(p / RESULTS))
+    return report.model_copy(update={"effort": effort_levels(p)})
+
+
+def effort_levels(run_dir: Path) -> list[str]:
+    """The levels a ``refinery tune`` profile maps to this run (it sits in ``DIR/runs/``
+    beside ``DIR/profile.json``); none for any other run."""
+    if not (run_dir.parent.parent / PROFILE).is_file():
+        return []
+    profile = Profile.load(run_dir.parent.parent)
+    here = run_dir.resolve()
+    return [name for name, i in profile.levels.items()
+            if Path(profile.candidates[i].run).resolve() == here]
 
 
 def summarize_run(name: str, path: str, cfg: RunConfig,
@@ -182,6 +198,13 @@ def markdown_tables(runs: Sequence[RunReport]) -> str:
         for r in lm:
             out.append(f"| {r.name} | `{r.strategy}` | {_pct(r.strict)} | "
                        f"{_pct(r.flexible) if r.flexible else '–'} | {_pct(r.accuracy)} |")
+    tuned = [r for r in runs if r.effort]
+    if tuned:
+        out += ["", "Effort levels of the tuned profile (points of the frontier):", "",
+                "| level | run | strategy | accuracy (95% CI) | tokens/problem |",
+                "|---|---|---|---|---:|"]
+        out += [f"| {', '.join(r.effort)} | {r.name} | `{r.strategy}` | {_pct(r.accuracy)} | "
+                f"{_num(r.cost.tokens)} |" for r in tuned]
     leveled = [r for r in runs if r.levels]
     if leveled:
         levels = sorted({lv for r in leveled for lv in r.levels})
@@ -249,12 +272,26 @@ def plot_pareto(runs: Sequence[RunReport], path: str | Path, title: str = "") ->
                    edgecolors="tab:red", linewidths=1.8, label="Pareto front", zorder=4)
     for label, x, y, dy in zip(_labels(runs), xs, ys, _label_lifts(xs, ys), strict=True):
         ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 6 + dy), fontsize=8)
+    _mark_effort(ax, runs, xs, ys)
     if xs and min(xs) > 0 and max(xs) / min(xs) > 20:
         ax.set_xscale("log")
     ax.set_xlabel("tokens per problem (prompt + completion, all calls)")
     ax.set_ylabel("accuracy (%)")
     ax.set_ylim(-2, _top([100 * r.accuracy.high for r in runs]))
     return _save(plt, fig, ax, title or "accuracy vs. cost", path)
+
+
+def _mark_effort(ax: Any, runs: Sequence[RunReport], xs: Sequence[float],
+                 ys: Sequence[float]) -> None:
+    """A tuned profile's effort levels: a star on each chosen point, its level names below."""
+    chosen = [i for i, r in enumerate(runs) if r.effort]
+    if not chosen:
+        return
+    ax.scatter([xs[i] for i in chosen], [ys[i] for i in chosen], marker="*", s=160,
+               color="tab:green", label="effort level", zorder=5)
+    for i in chosen:
+        ax.annotate("/".join(runs[i].effort), (xs[i], ys[i]), textcoords="offset points",
+                    xytext=(6, -12), fontsize=8, color="tab:green", fontweight="bold")
 
 
 def plot_levels(runs: Sequence[RunReport], path: str | Path, title: str = "") -> str:

@@ -108,3 +108,18 @@ def test_the_command_refuses_the_test_split(tmp_path) -> None:
     assert result.exit_code == 2
     assert "--split: Value error, tune measures dev data (train)" in result.output
     assert not (tmp_path / "runs").exists()
+
+
+async def test_the_report_marks_the_profile_levels(tmp_path) -> None:
+    from refinery.eval.report import write_report
+
+    await tune(config(tmp_path), backend=solver())
+    runs = sorted((tmp_path / "prof" / "runs").iterdir())
+    files = write_report(runs, tmp_path / "doc", name="arith")
+    md = (tmp_path / "doc" / "arith.md").read_text()
+    table = md.split("Effort levels of the tuned profile (points of the frontier):\n\n")[1]
+    assert table.splitlines()[2:4] == [
+        "| low | cot-T0 | `cot` | 50.0% (25.4–74.6) | 48.8 |",
+        "| medium, high | pot-T0 | `pot` | 83.3% (55.2–95.3) | 119.8 |"]
+    assert [p.rsplit("/", 1)[1] for p in files.images] == ["arith-arith-pareto.png",
+                                                           "arith-arith-levels.png"]
