@@ -15,13 +15,12 @@ from refinery.engine.stops import AbortSwitch, AnyRule
 from refinery.engine.types import Attempt, Task
 from refinery.strategies.base import (
     PartialAttempts,
-    Strategy,
     StrategyParams,
     dedupe,
     exc_message,
 )
 from refinery.strategies.cot import CoT, sample_inner
-from refinery.strategies.self_consistency import answer_groups
+from refinery.strategies.self_consistency import Seedable, answer_groups
 from refinery.strategies.spec import ChildCost
 
 Against = Literal["rest", "runner_up"]
@@ -55,7 +54,7 @@ def votes_needed(leader: int, other: int, confidence: float, cap: int) -> int:
     return k
 
 
-class AdaptiveSelfConsistency(Strategy):
+class AdaptiveSelfConsistency(Seedable):
     """``asc(inner, max_n=16)``: self-consistency that stops once the vote is decided.
 
     Samples run concurrently, at most ``window`` at a time and no more than the
@@ -66,7 +65,9 @@ class AdaptiveSelfConsistency(Strategy):
     or when the runner-up could not catch up within ``max_n`` samples. Samples
     still running then end at their next token (finish ``abort``, tokens counted)
     and do not vote; no answer, no vote. The returned text is the leader's first
-    sample; ``score`` its share of the samples.
+    sample; ``score`` its share of the samples. Seeded with prior attempts
+    (:class:`~refinery.strategies.self_consistency.Seedable`), those are its first
+    samples (they may decide the vote before any is drawn).
 
     Source: Aggarwal, Madaan, Yang and Mausam, "Let's Sample Step by Step:
     Adaptive-Consistency for Efficient Reasoning and Coding with LLMs" (2023);
@@ -107,8 +108,8 @@ class AdaptiveSelfConsistency(Strategy):
         switch = AbortSwitch()
         view = ctx.fork(stop_rule=AnyRule.of(ctx.stop_rule, switch))
         runs: set[asyncio.Task[list[Attempt]]] = set()
-        pool: list[Attempt] = []
-        launched, spent = 0, None
+        pool: list[Attempt] = list(self.prior[:self.params.max_n])
+        launched, spent = len(pool), None
         try:
             while (reason := self.verdict(pool)) is None:
                 launched += self.launch(task, view, runs, pool, launched)

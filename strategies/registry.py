@@ -28,6 +28,7 @@ from refinery.strategies.auto import Auto
 from refinery.strategies.base import Strategy
 from refinery.strategies.beam import BeamSearch
 from refinery.strategies.best_of_n import BestOfN
+from refinery.strategies.cascade import Cascade
 from refinery.strategies.cot import INSTRUCTION as COT_INSTRUCTION
 from refinery.strategies.cot import CoT
 from refinery.strategies.cot_reflection import CoTReflection
@@ -77,6 +78,7 @@ STRATEGIES: tuple[tuple[type[Strategy], tuple[str, ...]], ...] = (
     (ParticleFilter, ("particle_filtering", "pf")),
     (MCTS, ("monte_carlo_tree_search",)),
     (Memory, ("procedural_memory",)),
+    (Cascade, ()),
 )
 
 # Read-only: name or alias -> class.

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import Field
 
 from refinery.engine.context import Context
 from refinery.engine.types import Attempt, Task
-from refinery.strategies.base import Detail, LoopStrategy, SampledParams, Scored
+from refinery.strategies.base import Detail, LoopStrategy, SampledParams, Scored, Strategy
 from refinery.strategies.cot import CoT, sample_inner
 from refinery.strategies.spec import ChildCost
 from refinery.verifiers.math import normalize_answer
@@ -35,13 +35,36 @@ def answer_groups(cands: Sequence[Attempt]) -> tuple[list[str], dict[str, list[i
     return keys, groups
 
 
+V = TypeVar("V", bound="Seedable")
+
+
+class Seedable(Strategy):
+    """A vote that counts attempts of its inner strategy drawn before it (a cascade's
+    earlier stages) as its first samples, and draws only the rest.
+
+    ``seeded(prior)`` is a copy for one solve: the strategy object itself stays
+    shared and unseeded.
+
+    Example:
+        >>> SelfConsistency(CoT(), n=4).seeded([Attempt(text="4", answer="4")]).prior[0].answer
+        '4'
+    """
+
+    prior: tuple[Attempt, ...] = ()
+
+    def seeded(self: V, prior: Sequence[Attempt]) -> V:
+        copy = type(self).from_validated(self.inner, self.params)
+        copy.prior = tuple(prior)
+        return copy
+
+
 class Votes(Detail):
     """Votes per normalised answer (samples without an answer do not vote)."""
 
     votes: dict[str, int]
 
 
-class SelfConsistency(LoopStrategy):
+class SelfConsistency(Seedable, LoopStrategy):
     """``sc(inner, n=8)``: sample n solutions, return the majority answer.
 
     With a plain ``cot`` inner the n samples are ONE backend request (vLLM
@@ -56,7 +79,8 @@ class SelfConsistency(LoopStrategy):
     CPU (32 GSM8K questions x 5 samples, alternated), and at 135M the
     log-probability ranks right answers no better than chance (docs/results.md,
     DeepConf). The returned text is the first sample of the winning group;
-    ``score`` is the winning share of all samples.
+    ``score`` is the winning share of all samples. Seeded with prior attempts
+    (:class:`Seedable`), those vote first and n minus them are drawn.
 
     Example:
         >>> sc = SelfConsistency(CoT(), n=8)
@@ -84,9 +108,12 @@ class SelfConsistency(LoopStrategy):
 
     async def propose(self, task: Task, ctx: Context, rnd: int,
                       last: list[Scored[Votes]]) -> list[Attempt]:
-        return await sample_inner(self.inner[0], task, ctx, self.params.n,
-                                  temperature=self.params.temperature,
-                                  logprobs=self.params.tie_break == "logprob")
+        prior = list(self.prior[:self.params.n])
+        if len(prior) == self.params.n:
+            return prior
+        return prior + await sample_inner(self.inner[0], task, ctx, self.params.n - len(prior),
+                                          temperature=self.params.temperature,
+                                          logprobs=self.params.tie_break == "logprob")
 
     async def score(self, task: Task, ctx: Context, cands: list[Attempt]) -> list[Scored[Votes]]:
         keys, groups = answer_groups(cands)
