@@ -114,6 +114,13 @@ class ServerConfig:
     ``previous_response_id`` and ``conversation`` are refused); a stored row
     expires ``store_ttl_seconds`` after it was written (OpenAI keeps responses 30
     days).
+
+    ``enable_auto_tool_choice`` is vLLM's switch: over a backend that parses the
+    model's native tool calls (its ``tool_call_parser``), ``tool_choice: "auto"``
+    renders the tools through the chat template and returns the calls the parser
+    finds; over such a backend without it, ``"auto"`` is refused, as vLLM's server
+    refuses it. A backend without a parser always answers ``"auto"`` in the
+    constrained envelope (engine/tool_calls.py).
     """
 
     model: str = DEFAULT_MODEL
@@ -141,6 +148,7 @@ class ServerConfig:
     forwarded_allow_ips: frozenset[str] = frozenset()
     store: Path | None = field(default_factory=lambda: refinery_home() / "responses.sqlite3")
     store_ttl_seconds: float = 30 * 24 * 3600.0
+    enable_auto_tool_choice: bool = False
 
 
 def load_api_keys(path: str | os.PathLike[str] | None = None) -> frozenset[str]:

@@ -32,7 +32,7 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel
 
 from refinery.engine.run import answer_completion, reasoning_tokens
-from refinery.engine.tool_calls import parse_calls
+from refinery.engine.tool_calls import Call, CallDelta, parse_calls
 from refinery.engine.trace import Trace
 from refinery.engine.types import TokenLogprob, TopLogprob
 from refinery.serving.protocol import (
@@ -103,6 +103,7 @@ class Answer:
     logprobs: list[TokenLogprob] | None = None
     reasoning: str | None = None  # a shaped answer's solution (engine.run.conform)
     thinking: str | None = None
+    calls: list[Call] | None = None  # the backend's parse of native tool calls
 
     @property
     def shown_reasoning(self) -> str | None:
@@ -123,7 +124,8 @@ def answer(trace: Trace, logprobs: bool = False) -> Answer:
     return Answer(trace.attempt.text, public_finish(trace.attempt.finish_reason),
                   comp.token_logprobs if comp is not None and logprobs else None,
                   trace.attempt.metadata.get("reasoning"),
-                  comp.reasoning if comp is not None else None)
+                  comp.reasoning if comp is not None else None,
+                  comp.tool_calls if comp is not None else None)
 
 
 def finite(tokens: list[TokenLogprob]) -> list[TokenLogprob]:
@@ -215,9 +217,15 @@ class Endpoint:
         """
         raise NotImplementedError
 
-    def closing(self, head: ResponseHead, i: int, ans: Answer,
-                sent: int) -> Iterator[BaseModel]:
-        """The last chunks of choice ``i``: its text if none was streamed, the finish."""
+    def call_delta(self, head: ResponseHead, i: int, piece: CallDelta,
+                   call_id: str | None) -> BaseModel | None:
+        """A streamed piece of a native tool call (``call_id``: on its first piece)."""
+        return None
+
+    def closing(self, head: ResponseHead, i: int, ans: Answer, sent: int,
+                calls_sent: bool = False) -> Iterator[BaseModel]:
+        """The last chunks of choice ``i``: its text if none was streamed (its native
+        calls, unless ``calls_sent``), the finish."""
         if ans.text and not sent:
             if (chunk := self.delta(head, i, ans.text, ans.logprobs)) is not None:
                 yield chunk
@@ -253,6 +261,9 @@ def tool_calls(reply: Reply, ans: Answer) -> tuple[list[ToolCall], bool] | None:
         return envelope_calls(ans.text) or ([], False)  # never text, even if unparsed
     if reply.tools == "auto":
         return envelope_calls(ans.text)
+    if reply.tools == "native" and ans.calls:
+        return [ToolCall(id=new_call_id(), function=FunctionCall(
+            name=c.name, arguments=c.arguments_json)) for c in ans.calls], False
     return None
 
 
@@ -262,7 +273,7 @@ def calls_finish(reply: Reply, calls: list[ToolCall], cut: bool, finish: str) ->
     OpenAI's and vLLM's do)."""
     if cut:
         return "length"
-    if calls and reply.tools in ("auto", "required") and finish == "stop":
+    if calls and reply.tools in ("auto", "required", "native") and finish == "stop":
         return "tool_calls"
     return finish
 
@@ -304,14 +315,24 @@ class ChatEndpoint(Endpoint):
             return self.chunk(head, i, DeltaMessage(tool_calls=[call]), logprobs=logprobs)
         return self.chunk(head, i, DeltaMessage(content=text), logprobs=logprobs)
 
-    def closing(self, head: ResponseHead, i: int, ans: Answer,
-                sent: int) -> Iterator[ChatCompletionChunk]:
+    def call_delta(self, head: ResponseHead, i: int, piece: CallDelta,
+                   call_id: str | None) -> ChatCompletionChunk:
+        first = call_id is not None  # the first piece opens the call: id, type, name
+        return self.chunk(head, i, DeltaMessage(tool_calls=[DeltaToolCall(
+            index=piece.index, id=call_id, type="function" if first else None,
+            function=DeltaFunctionCall(name=piece.name if first else None,
+                                       arguments=piece.arguments))]))
+
+    def closing(self, head: ResponseHead, i: int, ans: Answer, sent: int,
+                calls_sent: bool = False) -> Iterator[ChatCompletionChunk]:
         found = tool_calls(head.reply, ans) if head.reply.tools != "named" else None
         if found is None:
             yield from super().closing(head, i, ans, sent)
             return
         calls, cut = found
-        if calls:
+        if head.reply.tools == "native" and ans.text and not sent:
+            yield self.chunk(head, i, DeltaMessage(content=ans.text))
+        if calls and not calls_sent:
             yield self.chunk(head, i, DeltaMessage(tool_calls=[
                 DeltaToolCall(index=j, id=c.id, type="function", function=DeltaFunctionCall(
                     name=c.function.name, arguments=c.function.arguments))
@@ -333,7 +354,9 @@ class ChatEndpoint(Endpoint):
         finish = (calls_finish(head.reply, calls, cut, ans.finish_reason)
                   if calls is not None else ans.finish_reason)
         shown = ans.shown_reasoning
-        message = ResponseMessage(content=None if calls is not None else ans.text,
+        # A native call's answer keeps the text the model wrote beside its calls.
+        text = ans.text or None if head.reply.tools == "native" else None
+        message = ResponseMessage(content=text if calls is not None else ans.text,
                                   tool_calls=calls or None, reasoning=shown,
                                   reasoning_content=shown)
         logprobs = (ChoiceLogprobs(content=finite(ans.logprobs))

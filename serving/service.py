@@ -30,6 +30,7 @@ sample when its answer is one sample's text), else null.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -48,6 +49,7 @@ from refinery.engine.errors import (
 )
 from refinery.engine.loops import CusumLoopDetector
 from refinery.engine.run import EXHAUSTED, ChoiceListener, ChoiceSink, Solver, solve_choices
+from refinery.engine.tool_calls import Call
 from refinery.engine.trace import Trace
 from refinery.engine.types import Attempt, Message, SamplingParams, Task, Usage
 from refinery.serving import optillm
@@ -59,7 +61,7 @@ from refinery.serving.protocol import (
     RefineryBudget,
     RefineryOptions,
 )
-from refinery.serving.structured import Output, Reply, message_text, output_of
+from refinery.serving.structured import Output, Reply, content_text, message_text, output_of
 from refinery.strategies import build_with_graph
 from refinery.strategies.registry import tool_turn_form
 from refinery.strategies.spec import MAX_SPEC_CHARS, to_spec
@@ -214,7 +216,7 @@ class Service:
         spec, level = self.resolve_spec(req.model, opts.strategy, req.optillm_approach,
                                         req.reasoning_effort)
         strategy, canonical = self.build(spec)
-        out = output_of(req)
+        out = output_of(req, native=self.native_auto(req, backend, spec))
         # A turn that may answer with a tool call: every sample is drawn under the call's
         # constraint and the strategy votes on (or scores) the samples themselves.
         tool_turn = spec is not None and out.reply.tools in ("auto", "required")
@@ -223,7 +225,8 @@ class Service:
             canonical = repr(strategy)
         if out.constraint is not None:
             require_support(out.constraint, backend.structured_outputs, backend_name(backend))
-        messages, max_tokens = conversation(req, self.config.max_messages)
+        messages, max_tokens = conversation(req, self.config.max_messages,
+                                            real_turns=parses_calls(backend))
         messages = with_system(messages, out.tools_prompt)
         if out.tools_example:  # right after the system turn with_system made
             messages = [messages[0], *out.tools_example, *messages[1:]]
@@ -240,6 +243,25 @@ class Service:
                         budget=self.budget(opts.budget, level.max_tokens if level else None),
                         loop_policy=policy, trace_mode=opts.trace, reply=out.reply,
                         final_constraint=None if spec is None or tool_turn else out.constraint)
+
+    def native_auto(self, req: ChatCompletionRequest | CompletionRequest, backend: Backend,
+                    spec: str | None) -> bool:
+        """Whether ``"auto"`` is the model's own tool calls: a passthrough turn over a
+        backend that parses them, with ``enable_auto_tool_choice`` (under a strategy the
+        samples are drawn in the envelope, whose calls its votes compare).
+
+        Raises:
+            InvalidRequestError: ``"auto"`` over a parsing backend without the switch,
+                as vLLM's server refuses it.
+        """
+        auto = (isinstance(req, ChatCompletionRequest) and bool(req.tools)
+                and req.tool_choice in (None, "auto"))
+        if not auto or not parses_calls(backend):
+            return False
+        if not self.config.enable_auto_tool_choice:
+            raise InvalidRequestError('"auto" tool choice requires --enable-auto-tool-choice '
+                                      "and --tool-call-parser to be set", param="tool_choice")
+        return spec is None
 
     def build(self, spec: str | None) -> tuple[Solver, str | None]:
         """The strategy for ``spec`` and its canonical spelling (passthrough: None)."""
@@ -262,7 +284,7 @@ class Service:
             max_tokens=max_tokens or cfg.default_max_tokens, stop=req.stop, seed=req.seed,
             logprobs=out.logprobs, top_logprobs=out.top_logprobs,
             constraint=out.constraint if constrained else None,
-            thinking_token_budget=req.thinking_token_budget)
+            thinking_token_budget=req.thinking_token_budget, tools=list(out.tools) or None)
 
     def budget(self, asked: RefineryBudget | None, effort_tokens: int | None = None) -> Budget:
         """The request's budget: the server's caps, lowered where the request asks (or,
@@ -302,16 +324,22 @@ class Service:
         return Outcome(traces=traces, usage=traces[0].usage, seconds=time.monotonic() - t0)
 
 
-def conversation(req: ChatCompletionRequest | CompletionRequest,
-                 max_messages: int) -> tuple[list[Message], int | None]:
-    """The messages a request sends the model, and the max_tokens it asks for."""
+def parses_calls(backend: Backend) -> bool:
+    """Whether ``backend`` parses the model's native tool calls (a tool-call parser)."""
+    return getattr(backend, "tool_call_parser", None) is not None
+
+
+def conversation(req: ChatCompletionRequest | CompletionRequest, max_messages: int,
+                 real_turns: bool = False) -> tuple[list[Message], int | None]:
+    """The messages a request sends the model, and the max_tokens it asks for
+    (``real_turns``: tool calls and results as the template's own turns)."""
     if isinstance(req, ChatCompletionRequest):
         if len(req.messages) > max_messages:
             raise InvalidRequestError(
                 f"{len(req.messages)} messages; at most {max_messages} are accepted",
                 param="messages")
         names: dict[str, str] = {}  # tool call id -> function name, in conversation order
-        return ([to_message(m, names) for m in req.messages],
+        return ([to_message(m, names, real_turns) for m in req.messages],
                 req.max_completion_tokens or req.max_tokens)
     prompt = req.prompt
     if not isinstance(prompt, str):
@@ -322,10 +350,29 @@ def conversation(req: ChatCompletionRequest | CompletionRequest,
     return [Message(role="user", content=prompt)], req.max_tokens
 
 
-def to_message(m: ChatMessage, names: dict[str, str]) -> Message:
-    """A chat message as the engine's Message (a tool result is a user turn)."""
+def to_message(m: ChatMessage, names: dict[str, str], real_turns: bool = False) -> Message:
+    """A chat message as the engine's Message: a tool result is a user turn and calls
+    are text in the envelope, or (``real_turns``) the turns a tool template renders."""
+    if real_turns and (m.tool_calls or m.role == "tool"):
+        calls = [Call(c.function.name, call_arguments(c.function.arguments, "messages"))
+                 for c in m.tool_calls or []] or None
+        return Message(role=m.role, content=content_text(m), tool_calls=calls,
+                       tool_call_id=m.tool_call_id)
     role = {"developer": "system", "tool": "user"}.get(m.role, m.role)
     return Message(role=role, content=message_text(m, names))
+
+
+def call_arguments(text: str, param: str) -> dict[str, Any]:
+    """An earlier call's arguments JSON as the object a template renders."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidRequestError(f"a tool call's arguments are not JSON: {exc}",
+                                  param=param) from exc
+    if not isinstance(value, dict):
+        raise InvalidRequestError("a tool call's arguments must be a JSON object",
+                                  param=param)
+    return value
 
 
 def with_system(messages: list[Message], text: str | None) -> list[Message]:

@@ -34,7 +34,7 @@ from pydantic import BaseModel
 
 from refinery.engine.context import DeltaSink
 from refinery.engine.errors import RefineryError
-from refinery.engine.tool_calls import OPEN
+from refinery.engine.tool_calls import OPEN, CallDelta
 from refinery.engine.trace import TraceEvent
 from refinery.engine.types import Completion, Delta, TokenLogprob
 from refinery.serving.endpoints import (
@@ -42,6 +42,7 @@ from refinery.serving.endpoints import (
     OnError,
     ResponseHead,
     answer,
+    new_call_id,
     refinery_info,
     usage_info,
 )
@@ -126,14 +127,15 @@ def confidence_note(comps: list[Completion]) -> str:
 
 @dataclass(frozen=True)
 class RunEvent:
-    """What a running request reports: a step, the model's thinking, answer text, its
-    end, or a keep-alive."""
+    """What a running request reports: a step, the model's thinking, answer text, a
+    piece of a native tool call, its end, or a keep-alive."""
 
-    kind: Literal["reasoning", "thinking", "content", "done", "keepalive"]
+    kind: Literal["reasoning", "thinking", "content", "call", "done", "keepalive"]
     choice: int = -1
     text: str = ""
     outcome: Outcome | None = None
     logprobs: list[TokenLogprob] | None = None  # of a content event's tokens
+    call: CallDelta | None = None  # a piece of a native tool call
 
 
 async def events_of_run(service: Service, prep: Prepared,
@@ -155,6 +157,8 @@ async def events_of_run(service: Service, prep: Prepared,
             if delta.reasoning:
                 queue.put_nowait(RunEvent("thinking", i, delta.reasoning))
             queue.put_nowait(RunEvent("content", i, delta.text, logprobs=delta.logprobs))
+            for piece in delta.tool_calls or []:
+                queue.put_nowait(RunEvent("call", i, call=piece))
         return put
 
     async def work() -> None:
@@ -191,6 +195,14 @@ class Sent:
     held: list[TokenLogprob] = field(default_factory=list)
     pending: str | None = None
     thought: bool = False  # some of the model's thinking was streamed
+    call_ids: dict[int, str] = field(default_factory=dict)  # native calls streamed, by index
+
+    def call_id(self, piece: CallDelta) -> str | None:
+        """A new call's id on its first piece (None on the pieces after it)."""
+        if piece.index in self.call_ids:
+            return None
+        self.call_ids[piece.index] = new_call_id()
+        return self.call_ids[piece.index]
 
     def undecided(self, reply: Reply, text: str) -> str | None:
         """``text`` to stream now, or None while the answer may still be a tool call."""
@@ -243,13 +255,18 @@ async def stream_chunks(endpoint: Endpoint, head: ResponseHead, prep: Prepared,
         elif ev.kind == "content":
             if (chunk := content_chunk(endpoint, head, ev, sent[ev.choice])) is not None:
                 yield chunk
+        elif ev.kind == "call" and ev.call is not None:
+            call_id = sent[ev.choice].call_id(ev.call)
+            if (chunk := endpoint.call_delta(head, ev.choice, ev.call, call_id)) is not None:
+                yield chunk
         elif ev.outcome is not None:
             for i, trace in enumerate(ev.outcome.traces):
                 ans = answer(trace, head.reply.logprobs)
                 if ans.thinking and not sent[i].thought:  # an answer that was not streamed
                     if (chunk := endpoint.thinking(head, i, ans.thinking)) is not None:
                         yield chunk
-                for chunk in endpoint.closing(head, i, ans, sent[i].chars):
+                for chunk in endpoint.closing(head, i, ans, sent[i].chars,
+                                              bool(sent[i].call_ids)):
                     yield chunk
             if include_usage:
                 yield endpoint.usage_chunk(head, usage_info(ev.outcome),

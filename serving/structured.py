@@ -27,6 +27,13 @@ the call to it), which a small model copies where a description alone moves it t
 no call; earlier tool calls and tool results in the conversation are rendered as
 text in the same envelope (``message_text``).
 
+Over a backend that parses the model's native tool calls (``native=True``: its
+``tool_call_parser``, with ``--enable-auto-tool-choice``), ``"auto"`` is the
+model's own choice instead (reply ``"native"``): no constraint and no system text,
+the tools go to the chat template (``Output.tools``) and the calls are the parser's
+(``Completion.tool_calls``). ``"required"`` and a named function keep their
+constraint.
+
 Example:
     >>> out = output_of(ChatCompletionRequest.model_validate(
     ...     {"model": "m", "messages": [{"role": "user", "content": "hi"}],
@@ -71,7 +78,7 @@ MAX_SCHEMA_DEPTH = 64  # deeper schemas are refused, not handed to recursive che
 class Reply:
     """How a choice's text becomes the response: text, or tool calls; with logprobs?"""
 
-    tools: Literal["none", "auto", "named", "required"] = "none"
+    tools: Literal["none", "auto", "named", "required", "native"] = "none"
     function: str | None = None  # the named function
     logprobs: bool = False
 
@@ -86,10 +93,13 @@ class Output:
     reply: Reply = field(default_factory=Reply)
     tools_prompt: str | None = None
     tools_example: tuple[Message, ...] = ()  # a shown exchange, after the system turn
+    tools: tuple[Tool, ...] = ()  # what the chat template renders (native calls)
 
 
-def output_of(req: ChatCompletionRequest | CompletionRequest) -> Output:
-    """The output shape ``req`` asks for.
+def output_of(req: ChatCompletionRequest | CompletionRequest,
+              native: bool = False) -> Output:
+    """The output shape ``req`` asks for (``native``: ``"auto"`` is the model's own
+    tool calls, parsed by the backend).
 
     Raises:
         InvalidRequestError: a bad schema or regex, two constraints, a tool
@@ -100,9 +110,9 @@ def output_of(req: ChatCompletionRequest | CompletionRequest) -> Output:
         raise InvalidRequestError(
             "only one output constraint per request; got " + ", ".join(p for p, _ in found),
             param=found[1][0])
-    tool = (tool_constraint(req, found[0][1] if found else None)
+    tool = (tool_constraint(req, found[0][1] if found else None, native)
             if isinstance(req, ChatCompletionRequest) else None)
-    if tool is not None:  # the call's constraint replaces (or holds) the format's
+    if tool is not None and tool.constraint is not None:  # replaces (or holds) the format's
         found = [("tool_choice", tool.constraint)]
     reply = tool.reply if tool is not None else Reply()
     logprobs, top = logprob_fields(req)
@@ -110,7 +120,8 @@ def output_of(req: ChatCompletionRequest | CompletionRequest) -> Output:
     return Output(constraint=constraint, logprobs=logprobs, top_logprobs=top,
                   reply=Reply(reply.tools, reply.function, logprobs),
                   tools_prompt=tool.prompt if tool is not None else None,
-                  tools_example=tool.example if tool is not None else ())
+                  tools_example=tool.example if tool is not None else (),
+                  tools=tool.tools if tool is not None else ())
 
 
 def at(param: str, build: Callable[[], Constraint]) -> Constraint:
@@ -217,16 +228,18 @@ def engine_tools(tools: list[ChatTool]) -> list[Tool]:
 @dataclass(frozen=True)
 class ToolTurn:
     """What a turn that may or must call a tool asks: the reply, the constraint, the
-    system text and, for "auto" and "required", the worked exchange shown after it."""
+    system text and, for "auto" and "required", the worked exchange shown after it;
+    for native calls only the tools the chat template renders."""
 
     reply: Reply
-    constraint: Constraint
-    prompt: str
+    constraint: Constraint | None
+    prompt: str | None
     example: tuple[Message, ...] = ()
+    tools: tuple[Tool, ...] = ()
 
 
 def tool_constraint(req: ChatCompletionRequest, text: Constraint | None = None,
-                    ) -> ToolTurn | None:
+                    native: bool = False) -> ToolTurn | None:
     """For a turn that may or must call a tool: the reply, the constraint, the prompt.
 
     None when no tool is to be called (no tools, or ``tool_choice: "none"``).
@@ -239,6 +252,8 @@ def tool_constraint(req: ChatCompletionRequest, text: Constraint | None = None,
         return None
     if not tools:
         raise InvalidRequestError("tool_choice needs tools", param="tool_choice")
+    if native and choice in (None, "auto"):
+        return ToolTurn(Reply("native"), None, None, tools=tuple(engine_tools(tools)))
     if choice is None or choice in ("auto", "required"):
         required = choice == "required"
         max_calls = 1 if req.parallel_tool_calls is False else DEFAULT_MAX_CALLS
@@ -267,16 +282,20 @@ def named_prompt(tools: list[ChatTool], named: str) -> str:
                       "arguments only, as one JSON object."])
 
 
+def content_text(m: ChatMessage) -> str:
+    """A message's own text (its text parts joined)."""
+    if isinstance(m.content, list):
+        return "".join(p.text or "" for p in m.content if p.type == "text")
+    return m.content or ""
+
+
 def message_text(m: ChatMessage, names: dict[str, str]) -> str:
     """A message's text, with earlier tool calls and tool results written out.
 
     ``names`` maps the tool call ids seen so far to their function names; the
     caller passes it through the conversation in order.
     """
-    if isinstance(m.content, list):
-        text = "".join(p.text or "" for p in m.content if p.type == "text")
-    else:
-        text = m.content or ""
+    text = content_text(m)
     if m.role == "assistant" and m.tool_calls:
         calls = []
         for call in m.tool_calls:

@@ -12,6 +12,7 @@ request was refused before any model call.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 from fastapi import FastAPI
 
 from refinery.engine.models import DEFAULT_MODEL
+from refinery.engine.tool_calls import Call, CallDelta
 from refinery.engine.types import Completion, Delta, Message, SamplingParams
 from refinery.serving import ServerConfig, create_app
 from tests.e2e.conftest import serve  # noqa: F401  (the fixture)
@@ -110,38 +112,66 @@ class CountingBackend:
         """Never closes the shared session engine (the session fixture does)."""
 
 
-class ThinkingBackend:
-    """A scripted backend whose model thinks before it answers, as a backend with a
-    reasoning parser reports it: every completion's ``reasoning`` is ``thought``
-    (one token a word, counted in ``completion_tokens`` and ``reasoning_tokens``), and
-    a stream sends the thought word by word as ``Delta.reasoning`` before the answer.
+class PartsBackend:
+    """A scripted backend whose completions come split into parts, as a backend with a
+    reasoning parser and a native tool-call parser reports them.
+
+    ``thought``: every completion's ``reasoning`` (one token a word, counted in
+    ``completion_tokens`` and ``reasoning_tokens``), streamed word by word as
+    ``Delta.reasoning`` before the answer. ``calls``: the native calls of every
+    completion whose call got ``params.tools`` and whose last turn matches ``when``
+    (its text is then ``beside``), streamed after the text as ``CallDelta``s (the name,
+    then the arguments JSON in two pieces). ``tool_call_parser`` names the parser the
+    server reads (None: the backend parses no calls).
     """
 
-    def __init__(self, inner: ScriptedBackend, thought: str):
-        self.inner, self.thought = inner, thought
-        self.tokens = len(thought.split())
+    def __init__(self, inner: ScriptedBackend, thought: str | None = None,
+                 calls: Sequence[Call] = (), when: str = ".", beside: str = "",
+                 tool_call_parser: str | None = None):
+        self.inner, self.thought, self.calls = inner, thought, list(calls)
+        self.when, self.beside, self.tool_call_parser = when, beside, tool_call_parser
+        self.tokens = len(thought.split()) if thought else 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def thinking(self, comp: Completion) -> Completion:
-        return comp.model_copy(update={
-            "reasoning": self.thought, "reasoning_tokens": self.tokens,
-            "completion_tokens": comp.completion_tokens + self.tokens})
+    def calling(self, messages: Sequence[Message], params: SamplingParams) -> bool:
+        return bool(self.calls and params.tools and re.search(self.when, messages[-1].content))
+
+    def split(self, comp: Completion, calling: bool) -> Completion:
+        update: dict[str, Any] = {"tool_calls": self.calls, "text": self.beside} \
+            if calling else {}
+        if self.thought:
+            update |= {"reasoning": self.thought, "reasoning_tokens": self.tokens,
+                       "completion_tokens": comp.completion_tokens + self.tokens}
+        return comp.model_copy(update=update)
 
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
                        n: int | None = None, **kw: Any) -> list[Completion]:
-        return [self.thinking(c) for c in await self.inner.generate(messages, params, n=n,
-                                                                    **kw)]
+        calling = self.calling(messages, params)
+        return [self.split(c, calling)
+                for c in await self.inner.generate(messages, params, n=n, **kw)]
 
     async def stream(self, messages: Sequence[Message], params: SamplingParams,
                      **kw: Any) -> AsyncIterator[Delta]:
-        for j, word in enumerate(self.thought.split(" ")):
+        calling = self.calling(messages, params)
+        for j, word in enumerate((self.thought or "").split()):
             yield Delta(reasoning=word if j == 0 else " " + word)
         async for delta in self.inner.stream(messages, params, **kw):
-            if delta.completion is not None:
-                delta = delta.model_copy(update={"completion": self.thinking(delta.completion)})
-            yield delta
+            if delta.completion is None:
+                if not calling:
+                    yield delta
+                continue
+            if calling:
+                if self.beside:
+                    yield Delta(text=self.beside)
+                for j, call in enumerate(self.calls):
+                    args = call.arguments_json
+                    yield Delta(tool_calls=[CallDelta(j, call.name)])
+                    yield Delta(tool_calls=[CallDelta(j, arguments=args[:5]),
+                                            CallDelta(j, arguments=args[5:])])
+            yield delta.model_copy(update={"completion": self.split(delta.completion,
+                                                                     calling)})
 
 
 def assert_openai_error(body: Any, status: int | None = None) -> dict:

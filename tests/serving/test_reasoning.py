@@ -15,7 +15,7 @@ from tests.serving.conftest import (
     CHAT,
     COMPLETIONS,
     MODEL,
-    ThinkingBackend,
+    PartsBackend,
     chat,
     scripted,
     sse_data,
@@ -30,7 +30,7 @@ A = len(ANSWER.split())
 @pytest.fixture
 async def url(scripted_serve, tmp_path) -> str:
     url, _ = await scripted_serve(ServerConfig(store=tmp_path / "store.db"),
-                                  backend=ThinkingBackend(scripted(), THOUGHT))
+                                  backend=PartsBackend(scripted(), THOUGHT))
     return url
 
 
