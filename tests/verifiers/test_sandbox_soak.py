@@ -1,4 +1,4 @@
-"""Soak: the hostile corpus, 100 passes of every program (20 in ``make test``), two at a time.
+"""Soak: the hostile corpus, 100 passes of every program (5 in ``make test``), two at a time.
 
 Every run must end with the same verdict as in ``test_verifiers_hostile`` (a
 limit, a refused operation), and afterwards nothing is left: no process of
@@ -44,7 +44,7 @@ from tests.verifiers.test_verifiers_hostile import (
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
-PASSES = int(os.environ.get("REFINERY_SOAK_PASSES", repeat(10, 100)))
+PASSES = int(os.environ.get("REFINERY_SOAK_PASSES", repeat(5, 100)))
 # A uid range of its own (the hostile test uses 61000-63047), so a check for strays
 # cannot be confused by another suite's live runs.
 CONFIG = SandboxConfig(wall_timeout=20, cpu_seconds=1, memory_mb=256, max_processes=16,
