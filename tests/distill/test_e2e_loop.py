@@ -1,22 +1,21 @@
-"""Small rounds of the distillation loop on ``arith`` with the real model, end to end.
+"""One round of the distillation loop on ``arith`` with the real model, end to end.
 
-RAFT: ``sc(pot, n=4)`` on 4 train problems with the session's base engine ->
-verified programs as worked solutions -> LoRA SFT (2 steps, in a child process)
--> merge -> a second vLLM engine on the merged checkpoint evaluates plain cot on
-4 held-out problems. PMD: the same round, plus the round's memory store and the
-self-teacher's run with it, whose rows train the student; it starts from the RAFT
-run's baseline and sampling (a loop resumes the evaluation runs it finds, and both
-rounds sample the same problems with the same weights and seed). If the 135M model
-verifiably solves fewer than 4 rows' worth of train problems, reference
-solutions fill up to 4 rows (``gold_fallback_rows``): the point here is the
-plumbing. About 2-3.5 minutes each on 2 AVX2 cores.
+A PMD round: ``sc(pot, n=4)`` on 4 train problems with the session's base engine,
+the round's memory store from those attempts, the self-teacher's run with that
+memory -> its verified programs as worked solutions (prompts without the memory)
+-> LoRA SFT (2 steps, in a child process) -> merge -> a second vLLM engine on the
+merged checkpoint evaluates plain cot on 4 held-out problems. Both tests read the
+one round: a plain (RAFT) round runs the same sampling, training, merge and
+evaluation, and differs only in where its rows come from and in having no memory
+(tests/distill/test_pipeline.py checks both on stand-ins). If the 135M model
+verifiably solves fewer than 4 rows' worth of train problems, reference solutions
+fill up to 4 rows (``gold_fallback_rows``): the point here is the plumbing.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import pytest
 
@@ -75,30 +74,28 @@ def _check_rows_and_checkpoint(r, out) -> list:
 
 
 @pytest.fixture(scope="module")
-async def raft_round(vllm_backend, tmp_path_factory):
-    out = tmp_path_factory.mktemp("loop") / "raft"
-    return out, await _round(vllm_backend, out)
+async def pmd_round(vllm_backend, tmp_path_factory):
+    out = tmp_path_factory.mktemp("loop") / "pmd"
+    return out, await _round(vllm_backend, out, pmd=True, max_lessons=4)
 
 
-async def test_one_raft_round_from_programs(raft_round) -> None:
-    out, r = raft_round
+async def test_one_round_samples_programs_trains_and_serves_the_merged_weights(
+        pmd_round) -> None:
+    out, r = pmd_round
     assert r.model_out == str((out / "round-1" / "model").resolve())
     _check_rows_and_checkpoint(r, out)
-    assert r.memory is None and not (out / "round-1" / "memory").exists()
     sample = read_traces(out / "round-1" / "sample" / "traces.jsonl")
     assert len(sample) == TRAIN_SIZE
     assert all(any(e.step == "execute" for e in t.events) for t in sample)
     assert "| 1 |" in (out / "loop.md").read_text()
 
 
-async def test_one_pmd_round_teaches_with_memory_and_trains_without(raft_round, vllm_backend,
-                                                                     tmp_path) -> None:
-    out = tmp_path / "pmd"
-    shutil.copytree(raft_round[0] / "round-0", out / "round-0")
-    shutil.copytree(raft_round[0] / "round-1" / "sample", out / "round-1" / "sample")
-    r = await _round(vllm_backend, out, pmd=True, max_lessons=4)
-    assert r.sample_accuracy == raft_round[1].sample_accuracy
-    rows = _check_rows_and_checkpoint(r, out)
+async def test_one_pmd_round_teaches_with_memory_and_trains_without(pmd_round,
+                                                                     vllm_backend) -> None:
+    out, r = pmd_round
+    rows = read_rows(out / "round-1" / "sft.jsonl", "sft")
+    assert {x.metadata.source_run for x in rows if x.metadata.verifier != "gold"} <= \
+        {str(out / "round-1" / "teacher")}
     store_dir = out / "round-1" / "memory"
     store = MemoryStore.load(store_dir)
     assert r.memory is not None and r.memory.trajectories == len(store.trajectories) > 0

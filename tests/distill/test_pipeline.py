@@ -165,6 +165,9 @@ async def test_loop_chains_rounds_and_writes_the_table(tmp_path) -> None:
     assert r1.sample_accuracy.n == N and r1.accuracy_before.n == N
     rows = read_rows(out / "round-1" / "sft.jsonl", "sft")
     assert rows[0].messages[0].content.endswith(INSTRUCTION)  # prompts match cot eval
+    # Without pmd the rows are the sampler's own and no memory is kept.
+    assert {r.metadata.source_run for r in rows} == {str(out / "round-1" / "sample")}
+    assert r1.memory is None and not (out / "round-1" / "memory").exists()
     # The table: printed and written, one line per round.
     md = (out / "loop.md").read_text()
     assert md.count("\n| 1 |") == 1 and md.count("\n| 2 |") == 1
