@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,7 +35,7 @@ from pydantic import BaseModel
 from refinery.engine.context import DeltaSink
 from refinery.engine.errors import RefineryError
 from refinery.engine.tool_calls import OPEN, CallDelta
-from refinery.engine.trace import TraceEvent
+from refinery.engine.trace import Trace, TraceEvent
 from refinery.engine.types import Completion, Delta, TokenLogprob
 from refinery.serving.endpoints import (
     Endpoint,
@@ -234,6 +234,32 @@ def content_chunk(endpoint: Endpoint, head: ResponseHead, ev: RunEvent,
     return chunk
 
 
+def event_chunk(endpoint: Endpoint, head: ResponseHead, ev: RunEvent,
+                sent: Sent) -> BaseModel | None:
+    """A step, a piece of thinking, answer text or a call piece as a chunk (None: none)."""
+    if ev.kind == "reasoning":
+        return endpoint.reasoning(head, ev.choice, ev.text)
+    if ev.kind == "thinking":
+        sent.thought = True
+        return endpoint.thinking(head, ev.choice, ev.text)
+    if ev.kind == "content":
+        return content_chunk(endpoint, head, ev, sent)
+    if ev.kind == "call" and ev.call is not None:
+        return endpoint.call_delta(head, ev.choice, ev.call, sent.call_id(ev.call))
+    return None
+
+
+def closing_chunks(endpoint: Endpoint, head: ResponseHead, i: int, trace: Trace,
+                   sent: Sent) -> Iterator[BaseModel]:
+    """Choice ``i``'s last chunks: its thinking if it was not streamed, then the
+    endpoint's closing (text or calls not streamed yet, the finish)."""
+    ans = answer(trace, head.reply.logprobs)
+    if ans.thinking and not sent.thought:  # an answer that was not streamed
+        if (chunk := endpoint.thinking(head, i, ans.thinking)) is not None:
+            yield chunk
+    yield from endpoint.closing(head, i, ans, sent.chars, bool(sent.call_ids))
+
+
 async def stream_chunks(endpoint: Endpoint, head: ResponseHead, prep: Prepared,
                         service: Service, *,
                         include_usage: bool = False) -> AsyncIterator[BaseModel | str]:
@@ -245,29 +271,12 @@ async def stream_chunks(endpoint: Endpoint, head: ResponseHead, prep: Prepared,
     async for ev in events_of_run(service, prep, service.config.keepalive_seconds):
         if ev.kind == "keepalive":
             yield KEEPALIVE
-        elif ev.kind == "reasoning":
-            if (chunk := endpoint.reasoning(head, ev.choice, ev.text)) is not None:
-                yield chunk
-        elif ev.kind == "thinking":
-            sent[ev.choice].thought = True
-            if (chunk := endpoint.thinking(head, ev.choice, ev.text)) is not None:
-                yield chunk
-        elif ev.kind == "content":
-            if (chunk := content_chunk(endpoint, head, ev, sent[ev.choice])) is not None:
-                yield chunk
-        elif ev.kind == "call" and ev.call is not None:
-            call_id = sent[ev.choice].call_id(ev.call)
-            if (chunk := endpoint.call_delta(head, ev.choice, ev.call, call_id)) is not None:
-                yield chunk
         elif ev.outcome is not None:
             for i, trace in enumerate(ev.outcome.traces):
-                ans = answer(trace, head.reply.logprobs)
-                if ans.thinking and not sent[i].thought:  # an answer that was not streamed
-                    if (chunk := endpoint.thinking(head, i, ans.thinking)) is not None:
-                        yield chunk
-                for chunk in endpoint.closing(head, i, ans, sent[i].chars,
-                                              bool(sent[i].call_ids)):
+                for chunk in closing_chunks(endpoint, head, i, trace, sent[i]):
                     yield chunk
             if include_usage:
                 yield endpoint.usage_chunk(head, usage_info(ev.outcome),
                                            refinery_info(prep, ev.outcome))
+        elif (chunk := event_chunk(endpoint, head, ev, sent[ev.choice])) is not None:
+            yield chunk
