@@ -86,12 +86,16 @@ class PartsParser:
 
     def __init__(self, tokenizer: Any, *, reasoning_parser: str | None = None,
                  tool_call_parser: str | None = None):
+        self.reasoning_parser = reasoning_parser
+        self.tool_call_parser = tool_call_parser
+        self.tokenizer = tokenizer
+        self._cls: Any = None
+        if reasoning_parser is None and tool_call_parser is None:
+            return  # nothing to split: no vLLM import, any tokenizer
         check_parser_names(reasoning_parser, tool_call_parser)
         from vllm.parser.parser_manager import ParserManager
         from vllm.tokenizers.hf import get_cached_tokenizer
 
-        self.reasoning_parser = reasoning_parser
-        self.tool_call_parser = tool_call_parser
         # vLLM's cached view: a parser per completion then costs microseconds, not the
         # tens of milliseconds a fresh vocabulary would.
         self.tokenizer = get_cached_tokenizer(tokenizer)
@@ -161,7 +165,7 @@ class PartsStream:
     tools: Sequence[Tool] | None = None
     prompt_token_ids: Sequence[int] | None = None
     token_ids: list[int] = field(default_factory=list)
-    calls: dict[int, list[str]] = field(default_factory=dict)  # index: [name, arguments]
+    calls: CallPieces = field(default_factory=lambda: CallPieces())
 
     def __post_init__(self) -> None:
         self._parser = self.parts._new() if self.parts.active else None
@@ -191,24 +195,49 @@ class PartsStream:
 
     def _call_delta(self, tc: Any) -> CallDelta:
         fn = tc.function
-        name, args = (fn.name, fn.arguments or "") if fn is not None else (None, "")
-        known = self.calls.setdefault(tc.index, ["", ""])
-        known[0] = known[0] or name or ""
-        known[1] += args
-        return CallDelta(index=tc.index, name=name, arguments=args)
+        name, args = (fn.name, fn.arguments) if fn is not None else (None, None)
+        return self.calls.add(tc.index, name, args)
 
     @property
     def tool_calls(self) -> list[Call] | None:
         """The calls the pieces made, whole (None: none)."""
-        if not self.calls:
-            return None
-        return [_call_of(name, args) for _, (name, args) in sorted(self.calls.items())]
+        return self.calls.calls
 
     @property
     def reasoning_tokens(self) -> int | None:
         if self._parser is None or self.parts.reasoning_parser is None:
             return None
         return self._parser.count_reasoning_tokens(self.token_ids)
+
+
+@dataclass
+class CallPieces:
+    """Streamed call pieces gathered into whole calls (by ``index``), as every
+    backend that streams native calls (vLLM's parsers, an upstream's deltas) needs.
+
+    Example:
+        >>> pieces = CallPieces()
+        >>> pieces.add(0, "add", '{"a": ').name, pieces.add(0, None, "1}").name
+        ('add', None)
+        >>> pieces.calls
+        [Call(name='add', arguments={'a': 1})]
+    """
+
+    known: dict[int, list[str]] = field(default_factory=dict)  # index: [name, arguments]
+
+    def add(self, index: int, name: str | None, arguments: str | None) -> CallDelta:
+        """Record one piece; the piece as a ``CallDelta``."""
+        known = self.known.setdefault(index, ["", ""])
+        known[0] = known[0] or name or ""
+        known[1] += arguments or ""
+        return CallDelta(index=index, name=name, arguments=arguments or "")
+
+    @property
+    def calls(self) -> list[Call] | None:
+        """The whole calls so far, in index order (None: none)."""
+        if not self.known:
+            return None
+        return [call_of(name, args) for _, (name, args) in sorted(self.known.items())]
 
 
 def openai_tool(tool: Tool) -> dict[str, Any]:
@@ -220,12 +249,17 @@ def openai_tool(tool: Tool) -> dict[str, Any]:
 
 
 def _call(fc: Any) -> Call:
-    return _call_of(fc.name, fc.arguments)
+    return call_of(fc.name, fc.arguments)
 
 
-def _call_of(name: str, arguments: str | None) -> Call:
-    """A Call from a parser's name and arguments JSON text; arguments that are not a
-    JSON object (a cut-off call) are kept under ``"_raw"`` rather than lost."""
+def call_of(name: str, arguments: str | None) -> Call:
+    """A Call from a name and its arguments' JSON text; arguments that are not a JSON
+    object (a cut-off call) are kept under ``"_raw"`` rather than lost.
+
+    Example:
+        >>> call_of("add", '{"a": 1}'), call_of("add", '{"a": ')
+        (Call(name='add', arguments={'a': 1}), Call(name='add', arguments={'_raw': '{"a": '}))
+    """
     try:
         args = json.loads(arguments or "{}")
     except json.JSONDecodeError:

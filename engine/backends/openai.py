@@ -52,9 +52,11 @@ from refinery.engine.backends.base import check_continuable, require_continuatio
 from refinery.engine.backends.fan_out import fan_out
 from refinery.engine.backends.upstream_guard import TRANSPORT_ERRORS, describe
 from refinery.engine.backends.upstream_pool import UpstreamPool, upstream_for
+from refinery.engine.completion_parts import CallPieces, call_of, openai_tool
 from refinery.engine.constraints import ALL_KINDS, Constraint, require_support
 from refinery.engine.errors import BackendUnavailableError, InvalidRequestError
 from refinery.engine.stops import Piece, StopRule, WatchedStream, wire_params
+from refinery.engine.tool_calls import CallDelta
 from refinery.engine.types import (
     FINISH_REASONS,
     Completion,
@@ -98,6 +100,12 @@ class OpenAIConfig(BaseModel):
     health_timeout: float = Field(5.0, gt=0, description="seconds check_health waits")
     upstream: Upstream = Field("openai", description='"vllm": every constraint kind; '
                                                      '"openai": JSON constraints only')
+    reasoning_parser: str | None = Field(
+        None, description="the upstream's reasoning parser, when known (None: unknown); "
+                          "its reasoning is read whatever this says")
+    tool_call_parser: str | None = Field(
+        None, description="the upstream's tool-call parser, when known (None: unknown); "
+                          "its tool_calls are read whatever this says")
     whole_check_max_tokens: int | None = Field(
         128, description="a watched call with max_tokens up to this may be one request "
                          "checked whole (fan_out.may_check_after_end); None streams all")
@@ -134,6 +142,8 @@ class OpenAIBackend:
         # vLLM's server continues a partial assistant turn on request; OpenAI's API
         # has no such field (a trailing assistant message there is only history).
         self.continues_messages = cfg.upstream == "vllm"
+        self.reasoning_parser = cfg.reasoning_parser
+        self.tool_call_parser = cfg.tool_call_parser
 
     # -- health -------------------------------------------------------------------------
 
@@ -200,6 +210,8 @@ class OpenAIBackend:
             messages=[{"role": m.role, "content": m.content} for m in messages],
             temperature=params.temperature, top_p=params.top_p,
             max_tokens=params.max_tokens, n=n)
+        if params.tools:
+            kw["tools"] = [openai_tool(t) for t in params.tools]
         if params.stop:
             kw["stop"] = params.stop
         if params.seed is not None:
@@ -263,7 +275,10 @@ class OpenAIBackend:
         stream, usage = WatchedStream(rule, params), _Usage()
         try:
             async for delta in stream.deltas(_pieces(response, wire, usage)):
-                yield delta
+                if shown := usage.split(delta):
+                    yield shown
+            if rest := usage.split(None):
+                yield rest
         except openai.APIError as exc:
             # An upstream that dies mid-answer shows up as an APIConnectionError
             # (a RemoteProtocolError underneath), an error event as an APIError.
@@ -276,12 +291,14 @@ class OpenAIBackend:
             await response.close()
         watch, tokens, got = stream.watch, stream.tokens, usage.usage
         comp = Completion(
-            text=watch.text, prompt_tokens=got.prompt_tokens if got else 0,
+            # the answer alone; the stop rules watched the thinking too
+            text=usage.text, prompt_tokens=got.prompt_tokens if got else 0,
             cached_tokens=cached_tokens(got),
             completion_tokens=got.completion_tokens if got else stream.n_tokens,
             finish_reason=_finish(stream.finish), loop_onset=watch.onset,
             token_logprobs=tokens if params.logprobs else None, measures=watch.measures(),
-            logprob=sum(t.logprob for t in tokens) if params.logprobs and tokens else None)
+            logprob=sum(t.logprob for t in tokens) if params.logprobs and tokens else None,
+            reasoning=usage.reasoning or None, tool_calls=usage.calls.calls)
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
     async def aclose(self) -> None:
@@ -296,7 +313,16 @@ def _choice(ch: Any, usage: Any, count: int, params: SamplingParams) -> Completi
         text=ch.message.content or "", prompt_tokens=usage.prompt_tokens if usage else 0,
         cached_tokens=cached_tokens(usage), completion_tokens=len(tokens) if tokens else count,
         finish_reason=_finish(ch.finish_reason), token_logprobs=tokens,
-        logprob=sum(t.logprob for t in tokens) if tokens else None)
+        logprob=sum(t.logprob for t in tokens) if tokens else None,
+        reasoning=_reasoning(ch.message.model_dump()),
+        tool_calls=[call_of(tc.function.name, tc.function.arguments)
+                    for tc in ch.message.tool_calls or [] if tc.type == "function"] or None)
+
+
+def _reasoning(message: dict[str, Any]) -> str | None:
+    """An upstream message's thinking: vLLM's ``reasoning``, or the older (and
+    DeepSeek's) ``reasoning_content``."""
+    return message.get("reasoning") or message.get("reasoning_content") or None
 
 
 def _structured_field(c: Constraint) -> dict[str, Any]:
@@ -372,9 +398,37 @@ async def _open_stream(client: openai.AsyncOpenAI, kw: dict) -> Any:
 
 @dataclasses.dataclass
 class _Usage:
-    """The usage chunk of a stream, when the upstream sends one."""
+    """The usage chunk of a stream, when the upstream sends one, and the parts of the
+    chunks (reasoning, content, tool-call pieces) the stream's deltas carry."""
 
     usage: openai.types.CompletionUsage | None = None
+    # per chunk not yet shown: its reasoning, its content, its call pieces
+    pending: list[tuple[str, str, list[CallDelta]]] = dataclasses.field(default_factory=list)
+    calls: CallPieces = dataclasses.field(default_factory=CallPieces)
+    reasoning: str = ""  # what was shown of each, joined
+    text: str = ""
+
+    def split(self, delta: Delta | None) -> Delta | None:
+        """``delta`` (the shown text of the chunks since the last one, reasoning then
+        content each; None: the stream's end) split back into its parts. A stop rule's
+        cut shortens the shown text, so the parts are cut to it."""
+        room = len(delta.text) if delta is not None else 0
+        thought = content = ""
+        calls: list[CallDelta] = []
+        for r, c, pieces in self.pending:
+            thought += r[:room]
+            room -= min(room, len(r))
+            content += c[:room]
+            room -= min(room, len(c))
+            calls += pieces
+        self.pending = []
+        self.reasoning += thought
+        self.text += content
+        logprobs = delta.logprobs if delta is not None else None
+        if not (thought or content or calls or logprobs):
+            return None
+        return Delta(text=content, reasoning=thought, tool_calls=calls or None,
+                     logprobs=logprobs)
 
 
 async def _pieces(response: Any, wire: SamplingParams, got: _Usage) -> AsyncIterator[Piece]:
@@ -385,7 +439,13 @@ async def _pieces(response: Any, wire: SamplingParams, got: _Usage) -> AsyncIter
         if not chunk.get("choices"):
             continue
         ch = chunk["choices"][0]
-        piece = (ch.get("delta") or {}).get("content") or ""
+        delta = ch.get("delta") or {}
+        content, thought = delta.get("content") or "", _reasoning(delta) or ""
+        got.pending.append((thought, content, [
+            got.calls.add(tc.get("index", 0), (tc.get("function") or {}).get("name"),
+                          (tc.get("function") or {}).get("arguments"))
+            for tc in delta.get("tool_calls") or []]))
+        piece = thought + content  # the stop rules watch all the generated text
         lps = _token_logprobs(ch.get("logprobs")) if wire.logprobs else None
         # Without logprobs a chunk is counted as one token (vLLM sends one each).
         yield Piece(piece, lps, len(lps) if lps else int(bool(piece)), ch.get("finish_reason"))
