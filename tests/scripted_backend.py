@@ -46,6 +46,14 @@ Prefix cache: ``cached_tokens`` (None by default: not reported) is what every
 completion reports as its prompt's cached tokens, as vLLM's
 ``num_cached_tokens``.
 
+Parts: ``reasoning_parser`` (any name, None by default) splits a reply's
+``<think>...</think>`` off into ``Completion.reasoning`` (one token a word, in
+``reasoning_tokens``); ``tool_call_parser`` (any name) reads a reply's
+``<tool_call>`` envelopes into ``Completion.tool_calls`` when the call offers
+``params.tools``, the text before them staying ``text`` (right-stripped), as vLLM's
+Hermes parser does. Streamed: the thinking word by word in ``Delta.reasoning``, then the answer,
+then each call as one ``CallDelta``; stop rules watch the answer.
+
 Health: ``dead=True`` (or ``die()``) makes it a dead engine for the server's
 /health and on-engine-death policy; ``in_flight`` counts the slow calls that
 started and have not finished.
@@ -62,6 +70,7 @@ from refinery.engine.backends.base import check_continuable, require_continuatio
 from refinery.engine.backends.fan_out import fan_out
 from refinery.engine.constraints import ALL_KINDS, require_support
 from refinery.engine.stops import Piece, StopRule, WatchedStream, caller_tokens, wire_params
+from refinery.engine.tool_calls import OPEN, CallDelta, parse_calls
 from refinery.engine.types import (
     Completion,
     Delta,
@@ -102,6 +111,8 @@ class ScriptedBackend:
     tops: Tops | None = None
     paced: bool = False  # streams yield to the loop between words (samples interleave)
     whole_check_max_tokens: int | None = None
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
 
     # -- health (what the server reads) --------------------------------------------------
 
@@ -169,13 +180,32 @@ class ScriptedBackend:
         finish = "stop"
         if len(words) > params.max_tokens:
             text, finish = " ".join(words[: params.max_tokens]), "length"
-        return Completion(text=text, prompt_tokens=self.count_tokens(messages),
+        comp = Completion(text=text, prompt_tokens=self.count_tokens(messages),
                           cached_tokens=self.cached_tokens,
                           completion_tokens=min(len(words), params.max_tokens) or 1,
                           finish_reason=finish, logprob=-float(i) if params.logprobs else None,
                           token_logprobs=(_word_logprobs(text, i, params.top_logprobs,
                                                          self.tops)
                                           if params.logprobs else None))
+        return self._split(comp, params)
+
+    def _split(self, comp: Completion, params: SamplingParams) -> Completion:
+        """The reply split into parts as a backend with these parsers splits it."""
+        reasoning, answer = None, comp.text
+        if self.reasoning_parser is not None and ("</think>" in answer
+                                                  or answer.startswith("<think>")):
+            # cut off while thinking: all of it is thinking, the answer empty
+            thought, _, answer = answer.partition("</think>")
+            reasoning = thought.removeprefix("<think>")
+        calls = None
+        if self.tool_call_parser is not None and params.tools and OPEN in answer:
+            at = answer.index(OPEN)
+            calls = parse_calls(answer[at:]).calls or None
+            answer = answer[:at].rstrip() if calls else answer  # streamed a word a piece
+        return comp.model_copy(update={
+            "text": answer, "reasoning": reasoning, "tool_calls": calls,
+            "reasoning_tokens": (len(reasoning.split()) if reasoning is not None else
+                                 0 if self.reasoning_parser is not None else None)})
 
     def _rule(self, stop_rule: StopRule | None) -> StopRule | None:
         return stop_rule if self.watch else None
@@ -225,9 +255,13 @@ class ScriptedBackend:
                       rule: StopRule | None) -> AsyncIterator[Delta]:
         """``comp`` word by word through a monitor of ``rule``, as a real backend streams."""
         tokens = comp.token_logprobs or []
+        for word in re.findall(r"\s*\S+", comp.reasoning or ""):
+            yield Delta(reasoning=word)
         stream = WatchedStream(rule, params)
         async for delta in stream.deltas(_pieces(comp.text, tokens, self.paced)):
             yield delta
+        for index, call in enumerate(comp.tool_calls or []):
+            yield Delta(tool_calls=[CallDelta(index, call.name, call.arguments_json)])
         watch, used = stream.watch, stream.n_tokens
         if rule is not None:
             stop = watch.stop
