@@ -33,7 +33,7 @@ import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from refinery.engine.backends.base import check_continuable
@@ -49,6 +49,7 @@ from refinery.engine.backends.vllm_engine import (
     shut_down,
     start_engine,
 )
+from refinery.engine.completion_parts import PartsParser, PartsStream, openai_tool
 from refinery.engine.constraints import ALL_KINDS, Constraint
 from refinery.engine.errors import (
     BackendError,
@@ -59,6 +60,7 @@ from refinery.engine.errors import (
 from refinery.engine.hardware import DtypeChoice
 from refinery.engine.models import DEFAULT_MODEL, resolve_model
 from refinery.engine.stops import Piece, StopRule, WatchedStream, wire_params
+from refinery.engine.tool_calls import Tool
 from refinery.engine.types import (
     FINISH_REASONS,
     Completion,
@@ -83,6 +85,11 @@ class VLLMBackend:
 
     Every constraint kind is enforced by vLLM's structured outputs (xgrammar, or
     the engine's own choice of guidance backend), on CPU as on GPU.
+
+    ``parts`` (from ``VLLMConfig.reasoning_parser`` / ``tool_call_parser``) splits
+    every completion, whole and streamed, into its thinking, answer and native tool
+    calls (engine/completion_parts.py); with a tool-call parser the chat template
+    gets ``params.tools`` and the turns' real calls and tool results.
     """
 
     structured_outputs = ALL_KINDS
@@ -90,8 +97,10 @@ class VLLMBackend:
 
     def __init__(self, engine: Any, tokenizer: Any, model: str, max_model_len: int,
                  is_cpu: bool, dtype: DtypeChoice | None = None,
-                 whole_check_max_tokens: int | None = 128):
+                 whole_check_max_tokens: int | None = 128,
+                 parts: PartsParser | None = None):
         self.engine = engine
+        self.parts = parts or PartsParser(tokenizer)
         # Watched calls up to this many tokens may be one request checked whole
         # (fan_out.may_check_after_end); None streams them all.
         self.whole_check_max_tokens = whole_check_max_tokens
@@ -115,26 +124,42 @@ class VLLMBackend:
         """
         config = config or VLLMConfig()
         path = resolve_model(model)
-        engine, dtype, is_cpu = start_engine(model, path, config)
         from transformers import AutoTokenizer
         tokenizer = AutoTokenizer.from_pretrained(path)
-        backend = cls(engine, tokenizer, model, config.max_model_len, is_cpu, dtype)
+        # Before the engine starts: a parser name vLLM lacks, or one this model's
+        # tokenizer cannot serve, is a clear error at once.
+        parts = PartsParser(tokenizer, reasoning_parser=config.reasoning_parser,
+                            tool_call_parser=config.tool_call_parser)
+        engine, dtype, is_cpu = start_engine(model, path, config)
+        backend = cls(engine, tokenizer, model, config.max_model_len, is_cpu, dtype,
+                      parts=parts)
         # Something vLLM imports on the line above keeps this frame alive (through an
         # import traceback); a local ``engine`` in it would outlive aclose().
         del engine
         return backend
 
+    @property
+    def reasoning_parser(self) -> str | None:
+        return self.parts.reasoning_parser
+
+    @property
+    def tool_call_parser(self) -> str | None:
+        return self.parts.tool_call_parser
+
     # -- prompt handling --------------------------------------------------------------
 
-    def prompt_ids(self, messages: Sequence[Message],
-                   continue_final: bool = False) -> list[int]:
+    def prompt_ids(self, messages: Sequence[Message], continue_final: bool = False,
+                   tools: Sequence[Tool] | None = None) -> list[int]:
         if not messages:
             raise InvalidRequestError("messages must not be empty", param="messages")
-        turn = {"add_generation_prompt": True}
+        turn: dict[str, Any] = {"add_generation_prompt": True}
         if continue_final:
             check_continuable(messages)
             turn = {"add_generation_prompt": False, "continue_final_message": True}
-        chat = [{"role": m.role, "content": m.content} for m in messages]
+        native = self.tool_call_parser is not None
+        if native and tools:
+            turn["tools"] = [openai_tool(t) for t in tools]
+        chat = [chat_turn(m, native_tools=native) for m in messages]
         text = self.tokenizer.apply_chat_template(chat, tokenize=False, **turn)
         return self.tokenizer.encode(text, add_special_tokens=False)
 
@@ -164,7 +189,8 @@ class VLLMBackend:
                        max_tokens=min(params.max_tokens, room), stop=params.stop or None,
                        seed=seed, logprobs=params.top_logprobs if params.logprobs else None,
                        structured_outputs=structured(params.constraint), output_kind=kind,
-                       thinking_token_budget=params.thinking_token_budget)
+                       thinking_token_budget=params.thinking_token_budget,
+                       skip_special_tokens=not self.parts.keeps_special_tokens(params.tools))
         except (VLLMClientError, ValueError, TypeError) as exc:
             # vLLM's own request checks (an empty stop string, a seed over 64 bits):
             # the client's fault, so a 400, not an unhandled 500.
@@ -181,7 +207,7 @@ class VLLMBackend:
     async def generate(self, messages: Sequence[Message], params: SamplingParams, *,
                        n: int | None = None, stop_rule: StopRule | None = None,
                        continue_final: bool = False) -> list[Completion]:
-        ids = self.prompt_ids(messages, continue_final)
+        ids = self.prompt_ids(messages, continue_final, params.tools)
         return await fan_out(
             params.n if n is None else n, stop_rule, params, self.whole_check_max_tokens,
             one_request=lambda k: self._one_request(ids, params, k),
@@ -209,12 +235,17 @@ class VLLMBackend:
                                 cached=cached)
         if params.logprobs:
             comp.token_logprobs = token_logprobs(o.token_ids, o.logprobs, params.top_logprobs)
+        if self.parts.active:
+            parts = self.parts.split(o.text, o.token_ids, params.tools)
+            comp.text, comp.reasoning = parts.text, parts.reasoning
+            comp.tool_calls, comp.reasoning_tokens = parts.tool_calls, parts.reasoning_tokens
         return comp
 
     def stream(self, messages: Sequence[Message], params: SamplingParams, *,
                stop_rule: StopRule | None = None,
                continue_final: bool = False) -> AsyncIterator[Delta]:
-        return self._stream_ids(self.prompt_ids(messages, continue_final), params, stop_rule)
+        return self._stream_ids(self.prompt_ids(messages, continue_final, params.tools),
+                                params, stop_rule)
 
     async def _stream_ids(self, ids: list[int], params: SamplingParams,
                           rule: StopRule | None) -> AsyncIterator[Delta]:
@@ -223,14 +254,22 @@ class VLLMBackend:
         wire = wire_params(params, rule)  # with the top-k logprobs the rule needs
         sp = self._sampling(wire, 1, len(ids), RequestOutputKind.DELTA)
         stream, tally = WatchedStream(rule, params), _Tally()
+        split = _SplitStream(self.parts.stream(params.tools, ids)) if self.parts.active else None
         async for delta in stream.deltas(self._pieces(ids, sp, wire, tally)):
-            yield delta
+            if split is None:
+                yield delta
+            elif shown := split.piece(delta, tally.take_ids()):
+                yield shown
+        if split is not None and (shown := split.piece(None, tally.take_ids())):
+            yield shown
         watch = stream.watch
         comp = self._completion(watch.text, len(ids), stream.n_tokens, stream.finish or "abort",
                                 tally.logprob if params.logprobs else None, watch.onset,
                                 tally.cached)
         comp.token_logprobs = stream.tokens if params.logprobs else None
         comp.measures = watch.measures()
+        if split is not None:
+            split.fill(comp)
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
     async def _pieces(self, ids: list[int], sp: Any, wire: SamplingParams,
@@ -240,6 +279,7 @@ class VLLMBackend:
             async for out in outs:
                 tally.cached = cached_tokens(out, tally.cached)
                 o = out.outputs[0]
+                tally.ids += o.token_ids
                 if o.cumulative_logprob is not None:
                     tally.logprob = o.cumulative_logprob
                 lps = (token_logprobs(o.token_ids, o.logprobs, wire.top_logprobs)
@@ -313,6 +353,22 @@ class VLLMBackend:
         gc.collect()
 
 
+def chat_turn(m: Message, *, native_tools: bool) -> dict[str, Any]:
+    """A turn as a chat template reads it: the reasoning when the turn has one
+    (``reasoning_content``, as Qwen3-style templates name it), and with
+    ``native_tools`` the turn's calls and the call a tool turn answers."""
+    turn: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.reasoning is not None:
+        turn["reasoning_content"] = m.reasoning
+    if native_tools and m.tool_calls:
+        turn["tool_calls"] = [{"type": "function",
+                               "function": {"name": c.name, "arguments": c.arguments}}
+                              for c in m.tool_calls]
+    if native_tools and m.tool_call_id is not None:
+        turn["tool_call_id"] = m.tool_call_id
+    return turn
+
+
 def cached_tokens(out: Any, known: int | None = None) -> int | None:
     """The prompt tokens vLLM took from its prefix cache for a request, if it says.
 
@@ -370,3 +426,35 @@ class _Tally:
 
     logprob: float = 0.0
     cached: int | None = None
+    ids: list[int] = field(default_factory=list)  # tokens not yet handed to the split
+
+    def take_ids(self) -> list[int]:
+        ids, self.ids = self.ids, []
+        return ids
+
+
+@dataclass
+class _SplitStream:
+    """A streamed sample's shown deltas split into parts (``Delta.reasoning``,
+    ``Delta.tool_calls``); the final Completion gets the joined parts, so the
+    pieces concatenate to it."""
+
+    parts: PartsStream
+    reasoning: str = ""
+    text: str = ""
+
+    def piece(self, delta: Delta | None, ids: list[int]) -> Delta | None:
+        """The split of ``delta`` (None: the stream's end, what the parsers held)."""
+        p = self.parts.feed(delta.text, ids) if delta is not None else self.parts.end()
+        self.reasoning += p.reasoning
+        self.text += p.text
+        logprobs = delta.logprobs if delta is not None else None
+        if not (p.text or p.reasoning or p.tool_calls or logprobs):
+            return None
+        return Delta(text=p.text, reasoning=p.reasoning, tool_calls=p.tool_calls,
+                     logprobs=logprobs)
+
+    def fill(self, comp: Completion) -> None:
+        comp.text, comp.reasoning = self.text, self.reasoning or None
+        comp.tool_calls, comp.reasoning_tokens = (self.parts.tool_calls,
+                                                  self.parts.reasoning_tokens)

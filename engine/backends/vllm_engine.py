@@ -68,6 +68,12 @@ class VLLMConfig:
     # only in a worker, so a bind list narrower than every CPU this process may use
     # (``cpu_threads``, VLLM_CPU_OMP_THREADS_BIND) keeps the worker.
     worker_in_engine_core: bool = True
+    # The split of every completion into thinking, answer and native tool calls
+    # (engine/completion_parts.py), by the names vLLM's server takes
+    # (--reasoning-parser, --tool-call-parser). None: no such parser. The engine gets
+    # the reasoning parser too: ``thinking_token_budget`` needs it.
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
     extra: tuple[tuple[str, Any], ...] = ()
 
 
@@ -86,6 +92,8 @@ def engine_kwargs(path: str, config: VLLMConfig, dtype: str) -> dict[str, Any]:
             "structured_outputs_config": _structured_config(config.compact_json),
             "disable_log_stats": True,
             **({"block_size": config.block_size} if config.block_size else {}),
+            **({"reasoning_parser": config.reasoning_parser} if config.reasoning_parser
+               else {}),
             **dict(config.extra)}
 
 
