@@ -249,7 +249,7 @@ def _profile(config: TuneConfig, candidates: list[Candidate], run_dirs: list[Pat
 
 
 def fit_router(examples: Sequence[Example], rows: Sequence[Sequence[dict[str, Any]]],
-               tokens: Sequence[float], target: float, fallback: int,
+               tokens: Sequence[float], threshold: float, fallback: int,
                l2: float = 1.0, iterations: int = 25) -> Router | None:
     """One L2-regularised logistic regression per candidate on the problems every
     candidate has a row for; None when there are fewer than 8 such problems."""
@@ -267,7 +267,7 @@ def fit_router(examples: Sequence[Example], rows: Sequence[Sequence[dict[str, An
     order = sorted(range(len(tokens)), key=lambda i: (tokens[i], i))
     return Router(mean=mean.round(6).tolist(), scale=scale.round(6).tolist(),
                   weights=[w.round(6).tolist() for w in weights], order=order,
-                  target=round(target, 6), fallback=fallback)
+                  threshold=round(threshold, 6), fallback=fallback)
 
 
 def _logistic(design: np.ndarray, y: np.ndarray, l2: float, iterations: int) -> np.ndarray:

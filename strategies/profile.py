@@ -150,14 +150,15 @@ class CandidateStats(BaseModel):
 class Router(BaseModel):
     """Per candidate, a logistic model of "this candidate solves the question" on
     standardised :func:`question_features`; a question goes to the cheapest candidate
-    whose predicted chance reaches ``target``, else to ``fallback``."""
+    whose predicted chance reaches ``threshold`` (the dev accuracy of the profile's
+    target level), else to ``fallback``."""
 
     features: list[str] = Field(default_factory=lambda: list(FEATURES))
     mean: list[float]
     scale: list[float]
     weights: list[list[float]]  # per candidate: bias first, then one per feature
     order: list[int]  # candidates by tokens per problem, cheapest first
-    target: float
+    threshold: float
     fallback: int
 
     def chances(self, question: str) -> list[float]:
@@ -173,7 +174,7 @@ class Router(BaseModel):
     def choose(self, question: str) -> int:
         """The candidate index ``question`` goes to."""
         chances = self.chances(question)
-        return next((i for i in self.order if chances[i] >= self.target), self.fallback)
+        return next((i for i in self.order if chances[i] >= self.threshold), self.fallback)
 
 
 class Profile(BaseModel):

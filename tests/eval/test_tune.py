@@ -88,14 +88,14 @@ async def test_router_retrains_to_the_same_choices(tmp_path) -> None:
              (tmp_path / "prof" / "runs" / key / "results.jsonl").read_text().splitlines()]
             for key in ("cot-T0", "pot-T0")]
     again = fit_router(examples, rows, [c.tokens for c in profile.candidates],
-                       profile.router.target, profile.fallback)
+                       profile.router.threshold, profile.fallback)
     assert again == profile.router
     choices = [profile.router.choose(e.prompt) for e in examples]
     assert choices == [again.choose(e.prompt) for e in examples]
     # cot (0) where the features say level 1-2, else pot (1); level 5, where no candidate
     # reaches the target, goes to the fallback (high: pot)
     assert choices == [0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 0, 1]
-    assert profile.router.target == pytest.approx(10 / 12) and profile.fallback == 1
+    assert profile.router.threshold == pytest.approx(10 / 12) and profile.fallback == 1
 
 
 def test_the_command_refuses_the_test_split(tmp_path) -> None:

@@ -24,7 +24,7 @@ def profile_dir(tmp_path) -> str:
     numbers = FEATURES.index("numbers")
     cot = [4.0] + [-2.0 if k == numbers else 0.0 for k in range(len(FEATURES))]
     router = Router(mean=[0.0] * 8, scale=[1.0] * 8, weights=[cot, [3.0] + [0.0] * 8],
-                    order=[0, 1], target=0.5, fallback=1)
+                    order=[0, 1], threshold=0.5, fallback=1)
     profile = Profile.build("arith", "scripted", stats).model_copy(update={"router": router})
     profile.save(tmp_path)
     return str(tmp_path)

@@ -57,7 +57,7 @@ def test_levels_are_monotone_on_the_dev_data() -> None:
 def test_save_load_round_trip_and_a_missing_profile(tmp_path) -> None:
     router = Router(mean=[0.0] * 8, scale=[1.0] * 8, weights=[[2.0] + [0.0] * 8,
                                                               [-2.0] + [0.0] * 8],
-                    order=[1, 0], target=0.5, fallback=0)
+                    order=[1, 0], threshold=0.5, fallback=0)
     p = Profile.build("arith", "m", [_stats("cot", 1, 4, 10), _stats("pot", 3, 4, 20)])
     p = p.model_copy(update={"router": router})
     p.save(tmp_path)
