@@ -44,6 +44,11 @@ class Backend(Protocol):
     # Whether ``continue_final=True`` works; a call that needs it on a backend
     # without raises ContinuationUnsupportedError (see ``require_continuation``).
     continues_messages: bool
+    # The parsers that split each completion into thinking, answer and native tool
+    # calls (engine/completion_parts.py), by vLLM's names; None: none configured, or
+    # (an upstream) unknown. The split's results are Completion.reasoning/tool_calls.
+    reasoning_parser: str | None
+    tool_call_parser: str | None
 
     @property
     def healthy(self) -> bool:
