@@ -53,6 +53,10 @@ class BackendSpec:
     # may use): how engines sharing one CPU node split it (refinery.eval.ray_pool).
     cpu_threads: str | None = None
     tensor_parallel_size: int = 1  # GPUs one engine spans (vLLM's tensor parallelism)
+    # The in-process engine's parsers of the model's thinking and native tool calls
+    # (VLLMConfig's, by vLLM's names).
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
 
 
 async def make_backend(spec: BackendSpec) -> Backend:
@@ -80,5 +84,7 @@ async def make_backend(spec: BackendSpec) -> Backend:
     extra = (("tensor_parallel_size", spec.tensor_parallel_size),) \
         if spec.tensor_parallel_size > 1 else ()
     config = VLLMConfig(enforce_eager=not spec.compile_graph, dtype=spec.dtype,
-                        cpu_threads=spec.cpu_threads, extra=extra)
+                        cpu_threads=spec.cpu_threads, extra=extra,
+                        reasoning_parser=spec.reasoning_parser,
+                        tool_call_parser=spec.tool_call_parser)
     return await VLLMBackend.create(spec.model, config)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import click
 
 from refinery.cli.console import USAGE, fail
-from refinery.cli.flags import config_flags
+from refinery.cli.flags import config_flags, field_option
 from refinery.cli.options import (
     allowed_hosts,
     api_key_file_option,
@@ -25,6 +25,7 @@ from refinery.cli.options import (
     warn_if_open,
 )
 from refinery.engine.backends.factory import BackendKind, BackendSpec, make_backend
+from refinery.engine.backends.vllm_engine import VLLMConfig
 from refinery.serving import ServerConfig
 
 __all__ = ["ENGINE_DIED_EXIT_CODE", "serve"]
@@ -40,6 +41,10 @@ HELP = {
     "engine in this process (/health is 503 until it is ready), up to "
     "--max-engine-restarts times, then exits. An unreachable --backend openai upstream "
     "is not a death: /health is 503 until it answers again.",
+    "enable_auto_tool_choice": "as vLLM's server: with --tool-call-parser, tool_choice "
+    "'auto' is the model's native calls (tools through its chat template, calls parsed); "
+    "with a parser but without this switch 'auto' is refused, as vLLM refuses it. Without "
+    "a parser 'auto' answers in refinery's constrained envelope",
     "graceful_timeout": "on SIGTERM (or Ctrl-C): stop accepting connections, give "
     "in-flight requests this many seconds to finish, then cancel them; SIGTERM exits 0",
 }
@@ -64,10 +69,17 @@ HELP = {
 @click.option("--runs", type=click.Path(file_okay=False),
               help="eval runs directory the web page (/ui) lists")
 @hosts_option
+@field_option(VLLMConfig, "reasoning_parser", help=(
+    "vLLM's reasoning parser (e.g. deepseek_r1, qwen3): the model's thinking is split "
+    "from its answer and sent as reasoning / reasoning_content"))
+@field_option(VLLMConfig, "tool_call_parser", help=(
+    "vLLM's tool-call parser (e.g. hermes): the model's native tool calls are parsed "
+    "(with --enable-auto-tool-choice for tool_choice 'auto')"))
 def serve(config: ServerConfig, host: str, port: int, backend: str,
           base_url: tuple[str, ...], dtype: str, upstream_api_key: str | None,
           api_key_file: str | None, effort: tuple[str, ...], compile_graph: bool,
-          runs: str | None, hosts: tuple[str, ...]) -> None:
+          runs: str | None, hosts: tuple[str, ...], reasoning_parser: str | None,
+          tool_call_parser: str | None) -> None:
     """Serve an OpenAI-compatible API with strategies selectable per request, and its
     web page at /ui (playground, eval runs, trace explorer; same API keys)."""
     import dataclasses
@@ -75,11 +87,14 @@ def serve(config: ServerConfig, host: str, port: int, backend: str,
     from refinery.serving import create_app, load_api_keys
     from refinery.ui import mount_ui
 
+    if config.enable_auto_tool_choice and tool_call_parser is None:
+        fail("--enable-auto-tool-choice requires --tool-call-parser", USAGE)
     config = dataclasses.replace(config, effort=_effort_levels(effort),
                                  api_keys=load_api_keys(api_key_file),
                                  allowed_hosts=allowed_hosts(hosts))
     spec = BackendSpec(config.model, BackendKind(backend), tuple(base_url),
-                       api_key=upstream_api_key, dtype=dtype, compile_graph=compile_graph)
+                       api_key=upstream_api_key, dtype=dtype, compile_graph=compile_graph,
+                       reasoning_parser=reasoning_parser, tool_call_parser=tool_call_parser)
     app = mount_ui(create_app(config, backend_factory=lambda: make_backend(spec)), runs=runs)
     warn_if_open(host, config.api_keys)
     _run(app, host, port, config)

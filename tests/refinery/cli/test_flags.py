@@ -33,7 +33,8 @@ PARITY = {
     ("tune",): (TuneConfig, set(), {"progress"}),
     ("serve",): (ServerConfig, {"presets", "effort", "api_keys", "allowed_hosts"},
                  {"host", "port", "backend", "base_url", "dtype", "upstream_api_key",
-                  "api_key_file", "effort", "compile_graph", "runs", "hosts"}),
+                  "api_key_file", "effort", "compile_graph", "runs", "hosts",
+                  "reasoning_parser", "tool_call_parser"}),
 }
 
 
