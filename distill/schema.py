@@ -38,7 +38,14 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from refinery.engine.errors import InvalidRequestError
 from refinery.engine.models import DEFAULT_MODEL
@@ -91,14 +98,29 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant"]
     content: str = Field(min_length=1)
+    # The turn's thinking, apart from its content: a thinking model's chat template
+    # renders it in the model's own tags (``<think>...</think>``), so the tags are
+    # never written into a target by hand.
+    reasoning: str | None = None
 
     @model_validator(mode="after")
     def _clean_target(self) -> ChatMessage:
         if not self.content.strip():
             raise ValueError(f"empty {self.role} turn")
-        if self.role == "assistant" and (leak := scaffold_leak(self.content)):
-            raise ValueError(f"assistant turn still holds scaffolding {leak!r}")
+        if self.reasoning is not None and self.role != "assistant":
+            raise ValueError(f"a {self.role} turn holds no reasoning")
+        for text in (self.content, self.reasoning or ""):
+            if self.role == "assistant" and (leak := scaffold_leak(text)):
+                raise ValueError(f"assistant turn still holds scaffolding {leak!r}")
         return self
+
+    @model_serializer(mode="wrap")
+    def _without_absent_reasoning(self, handler: Any) -> dict[str, Any]:
+        # Rows without thinking are written as they always were (role, content).
+        out = handler(self)
+        if out.get("reasoning") is None:
+            out.pop("reasoning", None)
+        return out
 
 
 class Provenance(BaseModel):

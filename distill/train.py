@@ -90,6 +90,9 @@ class TrainConfig(BaseModel):
     dpo_epochs: float = Field(1.0, gt=0)
     dpo_max_steps: int | None = Field(None, ge=1)
     max_repeat: int = Field(8, ge=1, description="cap on copies of one row from its weight")
+    trainable_tokens: list[str] = Field(
+        default_factory=list, description="tokens whose embedding rows train beside the LoRA "
+        "(added tokens; a tied output layer follows)")
     loss_eval_rows: int = Field(64, ge=0, description="rows for the before/after loss; 0 = off")
     save_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     seed: int = 0
@@ -310,6 +313,28 @@ def _lora(cfg: TrainConfig) -> Any:
                       target_modules="all-linear", task_type="CAUSAL_LM")
 
 
+def _train_token_rows(cfg: TrainConfig, model: Any, tokenizer: Any) -> None:
+    """Let the embedding rows of ``cfg.trainable_tokens`` train beside the LoRA.
+
+    New tokens start from an average embedding, which a LoRA on the linear layers
+    cannot move. The rows train in place (the gradient masked to them), so a tied
+    output layer, which shares the embedding's tensor, trains with them; peft's
+    token wrappers do not survive TRL's fused LM head, which reads the head's tensor.
+    """
+    if not cfg.trainable_tokens:
+        return
+    ids = tokenizer.convert_tokens_to_ids(cfg.trainable_tokens)
+    unknown = [t for t, i in zip(cfg.trainable_tokens, ids, strict=True)
+               if i is None or i == tokenizer.unk_token_id]
+    if unknown:
+        raise DistillError(f"trainable tokens not in the base's vocabulary: {unknown}")
+    weight = model.get_input_embeddings().weight
+    mask = weight.new_zeros(weight.shape[0], 1)
+    mask[ids] = 1.0
+    weight.requires_grad_(True)
+    weight.register_hook(lambda grad: grad * mask)
+
+
 def _sft(cfg: TrainConfig, model: Any, tokenizer: Any, rows: list[MessagesRow],
          scratch: str) -> tuple[Any, StageResult, float | None, float | None]:
     """LoRA SFT on the completions, merged: the model, the stage, held-out loss before/after."""
@@ -326,6 +351,7 @@ def _sft(cfg: TrainConfig, model: Any, tokenizer: Any, rows: list[MessagesRow],
                      completion_only_loss=True, **steps)
     trainer = SFTTrainer(model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds,
                          processing_class=tokenizer, peft_config=_lora(cfg))
+    _train_token_rows(cfg, trainer.model, tokenizer)
     before = trainer.evaluate()["eval_loss"] if eval_ds is not None else None
     t = time.monotonic()
     trainer.train()

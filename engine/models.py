@@ -49,12 +49,37 @@ REGISTRY: dict[str, EmbeddedModel] = {
 }
 
 
+@dataclass(frozen=True)
+class BuiltModel:
+    """A model refinery builds once from a registered one, cached beside the embedded model.
+
+    The engine only finds it (``cached_model_dir``); the build needs the trainer, a
+    layer above, so ``refinery model-path <name>`` runs it on first use.
+    """
+
+    name: str
+    base: str
+    recipe: str  # the module holding the build and its recipe (for docs and messages)
+
+
+BUILT_MODELS: dict[str, BuiltModel] = {
+    "smollm2-135m-think": BuiltModel(
+        name="smollm2-135m-think", base="smollm2-135m",
+        recipe="refinery.distill.think_model"),
+}
+
+
 def refinery_home() -> Path:
     return Path(os.environ.get("REFINERY_HOME", Path.home() / ".cache" / "refinery"))
 
 
 def known_models() -> list[str]:
-    return sorted(REGISTRY)
+    return sorted([*REGISTRY, *BUILT_MODELS])
+
+
+def cached_model_dir(name: str) -> Path:
+    """Where a registered model's checkpoint lives once converted or built."""
+    return refinery_home() / "models" / name
 
 
 def resolve_model(name: str = DEFAULT_MODEL) -> str:
@@ -66,6 +91,8 @@ def resolve_model(name: str = DEFAULT_MODEL) -> str:
     """
     if name in REGISTRY:
         return str(ensure_embedded(REGISTRY[name]))
+    if name in BUILT_MODELS:
+        return str(built_model(BUILT_MODELS[name]))
     path = Path(name).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -84,6 +111,17 @@ def resolve_model(name: str = DEFAULT_MODEL) -> str:
         f"unknown model {name!r}. Known models: {', '.join(known_models())}; "
         "or pass a local HF checkpoint directory or a hub id (owner/name).",
         param="model", code="model_not_found")
+
+
+def built_model(model: BuiltModel) -> Path:
+    """The directory of a built model, or a clear error saying how to build it."""
+    target = cached_model_dir(model.name)
+    if not (target / "config.json").exists():
+        raise UnknownModelError(
+            f"model {model.name!r} is built from {model.base!r} on first use, and is not "
+            f"built yet: run `refinery model-path {model.name}` (minutes of CPU training)",
+            param="model", code="model_not_built")
+    return target
 
 
 def _in_hub_cache(hub_id: str) -> bool:
@@ -112,7 +150,7 @@ def gguf_path(model: EmbeddedModel) -> Path:
 
 def ensure_embedded(model: EmbeddedModel) -> Path:
     """Convert the embedded GGUF into an HF checkpoint once; return its directory."""
-    target = refinery_home() / "models" / model.name
+    target = cached_model_dir(model.name)
     if (target / "config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

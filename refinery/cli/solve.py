@@ -33,10 +33,15 @@ def _spec(model: str, backend: str, base_url: tuple[str, ...], dtype: str) -> Ba
 @click.command("model-path")
 @click.argument("model", default=DEFAULT_MODEL)
 def model_path(model: str) -> None:
-    """Resolve MODEL (converting the embedded model on first use) and print its path."""
-    from refinery.engine.models import resolve_model
+    """Resolve MODEL (converting or building a registered model on first use); print its path."""
+    from refinery.engine.models import BUILT_MODELS, resolve_model
 
     try:
+        if model in BUILT_MODELS:  # built by the trainer, a layer the engine cannot import
+            from refinery.distill.think_model import ensure_think_model
+
+            click.echo(ensure_think_model(BUILT_MODELS[model]))
+            return
         click.echo(resolve_model(model))
     except RefineryError as exc:
         fail(exc)
