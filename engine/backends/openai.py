@@ -290,15 +290,16 @@ class OpenAIBackend:
             # to abort the request (a stop rule, or our cancellation).
             await response.close()
         watch, tokens, got = stream.watch, stream.tokens, usage.usage
+        reasoning, answer = usage.parts(watch.text)
         comp = Completion(
             # the answer alone; the stop rules watched the thinking too
-            text=usage.text, prompt_tokens=got.prompt_tokens if got else 0,
+            text=answer, prompt_tokens=got.prompt_tokens if got else 0,
             cached_tokens=cached_tokens(got),
             completion_tokens=got.completion_tokens if got else stream.n_tokens,
             finish_reason=_finish(stream.finish), loop_onset=watch.onset,
             token_logprobs=tokens if params.logprobs else None, measures=watch.measures(),
             logprob=sum(t.logprob for t in tokens) if params.logprobs and tokens else None,
-            reasoning=usage.reasoning or None, tool_calls=usage.calls.calls)
+            reasoning=reasoning or None, tool_calls=usage.calls.calls)
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
     async def aclose(self) -> None:
@@ -402,33 +403,39 @@ class _Usage:
     chunks (reasoning, content, tool-call pieces) the stream's deltas carry."""
 
     usage: openai.types.CompletionUsage | None = None
-    # per chunk not yet shown: its reasoning, its content, its call pieces
-    pending: list[tuple[str, str, list[CallDelta]]] = dataclasses.field(default_factory=list)
+    # every chunk's reasoning and content, in order (the watched text is both, joined)
+    chunks: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    shown: int = 0  # chunks already split into a delta
     calls: CallPieces = dataclasses.field(default_factory=CallPieces)
-    reasoning: str = ""  # what was shown of each, joined
-    text: str = ""
+    call_pieces: list[CallDelta] = dataclasses.field(default_factory=list)  # not yet shown
 
     def split(self, delta: Delta | None) -> Delta | None:
-        """``delta`` (the shown text of the chunks since the last one, reasoning then
-        content each; None: the stream's end) split back into its parts. A stop rule's
-        cut shortens the shown text, so the parts are cut to it."""
-        room = len(delta.text) if delta is not None else 0
-        thought = content = ""
-        calls: list[CallDelta] = []
-        for r, c, pieces in self.pending:
-            thought += r[:room]
-            room -= min(room, len(r))
-            content += c[:room]
-            room -= min(room, len(c))
-            calls += pieces
-        self.pending = []
-        self.reasoning += thought
-        self.text += content
+        """``delta`` (the shown text of the chunks since the last one; None: the
+        stream's end) split back into its parts, cut where a stop rule cut it."""
+        new, self.shown = self.chunks[self.shown:], len(self.chunks)
+        thought, content = _cut(new, len(delta.text) if delta is not None else 0)
+        calls, self.call_pieces = self.call_pieces, []
         logprobs = delta.logprobs if delta is not None else None
         if not (thought or content or calls or logprobs):
             return None
         return Delta(text=content, reasoning=thought, tool_calls=calls or None,
                      logprobs=logprobs)
+
+    def parts(self, watched: str) -> tuple[str, str]:
+        """The reasoning and the answer of the whole watched text (a loop stop cuts
+        it back to the loop's onset, before text already shown)."""
+        return _cut(self.chunks, len(watched))
+
+
+def _cut(chunks: Sequence[tuple[str, str]], room: int) -> tuple[str, str]:
+    """The first ``room`` characters of the chunks' joined text, as (reasoning, answer)."""
+    thought = content = ""
+    for r, c in chunks:
+        thought += r[:room]
+        room -= min(room, len(r))
+        content += c[:room]
+        room -= min(room, len(c))
+    return thought, content
 
 
 async def _pieces(response: Any, wire: SamplingParams, got: _Usage) -> AsyncIterator[Piece]:
@@ -441,10 +448,11 @@ async def _pieces(response: Any, wire: SamplingParams, got: _Usage) -> AsyncIter
         ch = chunk["choices"][0]
         delta = ch.get("delta") or {}
         content, thought = delta.get("content") or "", _reasoning(delta) or ""
-        got.pending.append((thought, content, [
+        got.chunks.append((thought, content))
+        got.call_pieces += [
             got.calls.add(tc.get("index", 0), (tc.get("function") or {}).get("name"),
                           (tc.get("function") or {}).get("arguments"))
-            for tc in delta.get("tool_calls") or []]))
+            for tc in delta.get("tool_calls") or []]
         piece = thought + content  # the stop rules watch all the generated text
         lps = _token_logprobs(ch.get("logprobs")) if wire.logprobs else None
         # Without logprobs a chunk is counted as one token (vLLM sends one each).

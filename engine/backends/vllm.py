@@ -269,7 +269,7 @@ class VLLMBackend:
         comp.token_logprobs = stream.tokens if params.logprobs else None
         comp.measures = watch.measures()
         if split is not None:
-            split.fill(comp)
+            split.fill(comp, self.parts, params.tools)
         yield Delta(finish_reason=comp.finish_reason, completion=comp)
 
     async def _pieces(self, ids: list[int], sp: Any, wire: SamplingParams,
@@ -454,7 +454,14 @@ class _SplitStream:
         return Delta(text=p.text, reasoning=p.reasoning, tool_calls=p.tool_calls,
                      logprobs=logprobs)
 
-    def fill(self, comp: Completion) -> None:
+    def fill(self, comp: Completion, parser: PartsParser,
+             tools: Sequence[Tool] | None) -> None:
+        """``comp`` (its text the watched text) split; a loop stop cut that text back
+        to the loop's onset, before text already shown, so a cut one is split whole."""
+        watched = comp.text
         comp.text, comp.reasoning = self.text, self.reasoning or None
         comp.tool_calls, comp.reasoning_tokens = (self.parts.tool_calls,
                                                   self.parts.reasoning_tokens)
+        if comp.loop_onset is not None:
+            cut = parser.split(watched, (), tools)
+            comp.text, comp.reasoning, comp.tool_calls = cut.text, cut.reasoning, cut.tool_calls
