@@ -73,12 +73,12 @@ STRATEGIES: tuple[tuple[type[Strategy], tuple[str, ...]], ...] = (
     (SelfDebug, ("self_debugging",)),
     (ToolIntegratedReasoning, ("tool_integrated_reasoning",)),
     (BeamSearch, ("beam_search",)),
-    (Auto, ()),
     (DVTS, ("diverse_verifier_tree_search",)),
     (ParticleFilter, ("particle_filtering", "pf")),
     (MCTS, ("monte_carlo_tree_search",)),
     (Memory, ("procedural_memory",)),
     (Cascade, ()),
+    (Auto, ()),
 )
 
 # Read-only: name or alias -> class.

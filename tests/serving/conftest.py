@@ -119,7 +119,7 @@ class PartsBackend:
     ``thought``: every completion's ``reasoning`` (one token a word, counted in
     ``completion_tokens`` and ``reasoning_tokens``), streamed word by word as
     ``Delta.reasoning`` before the answer. ``calls``: the native calls of every
-    completion whose call got ``params.tools`` and whose last turn matches ``when``
+    completion asked with ``params.tools`` whose final message matches ``when``
     (its text is then ``beside``), streamed after the text as ``CallDelta``s (the name,
     then the arguments JSON in two pieces). ``tool_call_parser`` names the parser the
     server reads (None: the backend parses no calls).

@@ -89,7 +89,7 @@ def test_registry_aliases_and_python_construction():
     assert names == ["cot", "sc", "asc", "best_of_n", "critique_refine", "ssr", "ssr_ada",
                      "ssr_plan", "sage", "dei", "moa", "genselect", "re2", "cot_reflection",
                      "deepconf", "pot", "self_debug", "tir", "beam", "dvts", "particle", "mcts",
-                     "memory", "cascade"]
+                     "memory", "cascade", "auto"]
     dei = next(d for d in strategies.describe() if d["name"] == "dei")
     assert dei["params"]["votes"]["default"] == 10 and dei["inner"] == "1..any"
 

@@ -16,8 +16,8 @@ from refinery.engine.types import SamplingParams
 from refinery.strategies.base import step_params
 from tests.scripted_backend import ScriptedBackend
 
-PARSING = ["best_of_n", "critique_refine", "ssr", "ssr_ada", "ssr_plan", "sage", "dei", "pot",
-           "tir"]
+PARSING = ["best_of_n", "critique_refine", "ssr", "ssr_ada", "ssr_plan", "sage", "dei",
+           "genselect", "pot", "tir"]
 
 
 def test_structured_mode_decides_in_one_place():
