@@ -76,7 +76,7 @@ def test_unknown_name_suggests():
     with pytest.raises(SpecError) as caught:
         build_strategy("zzz", REGISTRY)
     assert str(caught.value).startswith(f"unknown strategy 'zzz' (known: {known}")
-    assert "asc, beam" in known and "self_consistency" not in known
+    assert "asc, auto, beam" in known and "self_consistency" not in known
 
 
 def test_bad_parameter_names_field_and_type():
