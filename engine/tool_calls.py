@@ -38,12 +38,9 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from refinery.engine.constraints import Constraint, check_schema
-
-if TYPE_CHECKING:
-    from refinery.engine.types import Message
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
@@ -145,25 +142,31 @@ def tools_instructions(tools: Sequence[Tool], *, required: bool) -> str:
     return "\n".join(lines)
 
 
-def demonstration(tools: Sequence[Tool]) -> list[Message]:
-    """One worked exchange, as real chat turns, that shows the model the envelope: a
-    request the first tool answers (its description) and the call to it, with
-    arguments of the right types. A small model that never opens the envelope when
-    only told of it copies a shown exchange (docs/results.md, Tool calls).
+@dataclass(frozen=True)
+class Exchange:
+    """A user's request and the assistant's reply to it, as the text of two turns."""
+
+    request: str
+    reply: str
+
+
+def demonstration(tools: Sequence[Tool]) -> Exchange:
+    """One worked exchange that shows the model the envelope: a request the first
+    tool answers (its description) and the call to it, with arguments of the right
+    types. A small model that never opens the envelope when only told of it copies
+    a shown exchange (docs/results.md, Tool calls); the caller sends it as real turns.
 
     Example:
-        >>> [m.content for m in demonstration([Tool("add", "Add two numbers.", {
-        ...     "type": "object", "properties": {"a": {"type": "number"}}})])]
-        ['Add two numbers.', '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>']
+        >>> shown = demonstration([Tool("add", "Add two numbers.", {
+        ...     "type": "object", "properties": {"a": {"type": "number"}}})])
+        >>> shown.request, shown.reply
+        ('Add two numbers.', '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>')
     """
-    from refinery.engine.types import Message  # types.py holds Calls: import it late
-
     tool = tools[0]
     props = (tool.parameters or {}).get("properties", {})
     args = {key: _sample(schema) for key, schema in props.items()}
-    return [Message(role="user", content=tool.description or f"Use {tool.name}."),
-            Message(role="assistant",
-                    content=render_call(tool.name, json.dumps(args, ensure_ascii=False)))]
+    return Exchange(request=tool.description or f"Use {tool.name}.",
+                    reply=render_call(tool.name, json.dumps(args, ensure_ascii=False)))
 
 
 def _sample(schema: Any) -> Any:

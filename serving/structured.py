@@ -54,6 +54,7 @@ from refinery.engine.errors import InvalidRequestError
 from refinery.engine.tool_calls import (
     DEFAULT_MAX_CALLS,
     EMPTY_OBJECT,
+    Exchange,
     Tool,
     as_format,
     demonstration,
@@ -263,7 +264,7 @@ def tool_constraint(req: ChatCompletionRequest, text: Constraint | None = None,
                                          text=shape)
         return ToolTurn(Reply("required" if required else "auto"), constraint,
                         tools_instructions(found, required=required),
-                        tuple(demonstration(found)))
+                        shown_exchange(demonstration(found)))
     name = choice.function.name
     index = next((i for i, t in enumerate(tools) if t.function.name == name), None)
     if index is None:
@@ -318,3 +319,9 @@ def logprob_fields(req: ChatCompletionRequest | CompletionRequest) -> tuple[bool
         raise InvalidRequestError("top_logprobs needs logprobs set to true",
                                   param="top_logprobs")
     return bool(req.logprobs), req.top_logprobs or 0
+
+
+def shown_exchange(exchange: Exchange) -> tuple[Message, ...]:
+    """The worked exchange as the user and assistant turns the prompt shows."""
+    return (Message(role="user", content=exchange.request),
+            Message(role="assistant", content=exchange.reply))

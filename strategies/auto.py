@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
@@ -45,6 +45,10 @@ class Auto(Strategy):
     """
 
     name = "auto"
+    # How a candidate's spec becomes a strategy and its graph: the registry's builder,
+    # which strategies/registry.py sets when it registers this class (the registry
+    # imports every strategy, so a strategy cannot import it back).
+    build_spec: ClassVar[Callable[[str], tuple[Strategy, Any]] | None] = None
 
     class Params(StrategyParams):
         profile: str = Field(..., description="profile directory written by refinery tune")
@@ -53,10 +57,15 @@ class Auto(Strategy):
 
     @staticmethod
     def worst_case(params: Params, children: Sequence[ChildCost]) -> int:
-        from refinery.strategies.registry import build_with_graph
-
         specs = {c.candidate.spec for c in _load(params).candidates}
-        return max(build_with_graph(s)[1].graph["worst_case_calls"] for s in specs)
+        return max(Auto.built(s)[1].graph["worst_case_calls"] for s in specs)
+
+    @staticmethod
+    def built(spec: str) -> tuple[Strategy, Any]:
+        """``spec`` built by the registry's builder: ``(strategy, graph)``."""
+        if Auto.build_spec is None:
+            raise SpecError("auto needs the strategy registry (refinery.strategies.registry)")
+        return Auto.build_spec(spec)
 
     def choose(self, profile: Profile, question: str) -> tuple[int, float | None]:
         """The candidate index for ``question`` and, when routed, its predicted chance."""
@@ -68,8 +77,6 @@ class Auto(Strategy):
         return index, round(profile.router.chances(question)[index], 4)
 
     async def solve(self, task: Task, ctx: Context) -> Attempt:
-        from refinery.strategies.registry import build
-
         profile = _load(self.params)
         index, chance = self.choose(profile, task.question)
         candidate: Candidate = profile.candidates[index].candidate
@@ -77,5 +84,5 @@ class Auto(Strategy):
                   "level": self.params.level, "chance": chance}
         ctx.emit("select", candidate.spec, strategy=self.name, **choice)
         run_ctx = ctx.fork(params=ctx.params.but(temperature=candidate.temperature))
-        attempt = await build(candidate.spec).solve(task, run_ctx)
+        attempt = await Auto.built(candidate.spec)[0].solve(task, run_ctx)
         return attempt.model_copy(update={"metadata": {**attempt.metadata, "auto": choice}})

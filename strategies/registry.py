@@ -97,6 +97,9 @@ def build_with_graph(spec: str, *, max_calls: int | None = DEFAULT_MAX_CALLS,
     return build_strategy(spec, REGISTRY, max_calls=max_calls, **limits)
 
 
+Auto.build_spec = staticmethod(build_with_graph)  # auto builds its candidates' specs here
+
+
 def build(spec: str, *, max_calls: int | None = DEFAULT_MAX_CALLS, **limits: int) -> Strategy:
     """The strategy a spec describes, e.g. ``build("dei(ssr, sage(cot), votes=5)")``."""
     return build_with_graph(spec, max_calls=max_calls, **limits)[0]
