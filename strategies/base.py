@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, runtime_c
 from pydantic import BaseModel, ConfigDict, Field
 
 from refinery.engine.constraints import Constraint, structured_mode
-from refinery.engine.context import Context
+from refinery.engine.context import Context, Generation
 from refinery.engine.errors import BudgetExhausted, RefineryError, SpecError
 from refinery.engine.types import Attempt, Completion, Message, SamplingParams, Task
 from refinery.strategies.spec import (
@@ -361,3 +361,22 @@ def record_parse(ctx: Context, event_id: str, step: str, parsed: Sequence[bool],
 
 def dedupe(ids: Iterable[str]) -> list[str]:
     return list(dict.fromkeys(i for i in ids if i))
+
+
+async def continue_turn(ctx: Context, messages: Sequence[Message], text: str,
+                        params: SamplingParams, *, strategy: str,
+                        parents: Sequence[str]) -> Generation | None:
+    """One generation that goes on from the assistant's partial turn ``text`` (a
+    first draft when it is empty), as ``tir`` and ``force_thinking`` write a turn in
+    pieces. None when the budget runs out after something was written: what was
+    written stands. Raises BudgetExhausted when nothing was.
+    """
+    turn = [*messages, Message(role="assistant", content=text)] if text else list(messages)
+    try:
+        return await ctx.generate(turn, params, step="continue" if text else "draft",
+                                  strategy=strategy, parents=parents,
+                                  continue_final=bool(text))
+    except BudgetExhausted:
+        if not text:
+            raise
+        return None

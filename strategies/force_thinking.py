@@ -8,9 +8,8 @@ from pydantic import Field
 
 from refinery.engine.backends.base import require_continuation
 from refinery.engine.context import Context
-from refinery.engine.errors import BudgetExhausted
 from refinery.engine.types import Attempt, Completion, Message, SamplingParams, Task
-from refinery.strategies.base import Strategy, StrategyParams
+from refinery.strategies.base import Strategy, StrategyParams, continue_turn
 from refinery.strategies.cot import CoT
 from refinery.strategies.spec import ChildCost
 from refinery.verifiers.math import extract_answer
@@ -82,16 +81,11 @@ class ForceThinking(Strategy):
         text, events, spent, extensions, finish = "", [], 0, 0, "stop"
         forcing = True
         while True:
-            turn = [*messages, Message(role="assistant", content=text)] if text else messages
-            try:
-                gen = await ctx.generate(turn, self._params(ctx, forcing, budget, spent),
-                                         step="continue" if text else "draft",
-                                         strategy=self.name, parents=events[-1:],
-                                         continue_final=bool(text))
-            except BudgetExhausted:
-                if not text:
-                    raise
-                break  # what was written stands; its answer, if any, is read below
+            params = self._params(ctx, forcing, budget, spent)
+            gen = await continue_turn(ctx, messages, text, params, strategy=self.name,
+                                      parents=events[-1:])
+            if gen is None:
+                break  # the budget ran out: what was written stands
             [comp] = gen
             events.append(gen.event_id)
             thinking = THINK_START in text and THINK_END not in text

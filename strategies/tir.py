@@ -10,9 +10,8 @@ from pydantic import Field
 from refinery.engine.backends.base import require_continuation
 from refinery.engine.constraints import Constraint
 from refinery.engine.context import Context
-from refinery.engine.errors import BudgetExhausted
 from refinery.engine.types import Attempt, Message, SamplingParams, Task
-from refinery.strategies.base import Strategy, StructuredParams, step_params
+from refinery.strategies.base import Strategy, StructuredParams, continue_turn, step_params
 from refinery.strategies.execution import Execution, execute_block, program_block, with_examples
 from refinery.strategies.spec import ChildCost
 from refinery.verifiers.math import extract_answer
@@ -99,16 +98,10 @@ class ToolIntegratedReasoning(Strategy):
         text, events, runs, finish = "", [], [], "stop"
         while True:
             may_run = len(runs) < self.params.max_calls
-            turn = [*messages, Message(role="assistant", content=text)] if text else messages
-            try:
-                gen = await ctx.generate(turn, self._params(ctx, structured, may_run),
-                                         step="continue" if text else "draft",
-                                         strategy=self.name, parents=events[-1:],
-                                         continue_final=bool(text))
-            except BudgetExhausted:
-                if not text:
-                    raise
-                break  # what was written stands; its answer, if any, is read below
+            gen = await continue_turn(ctx, messages, text, self._params(ctx, structured, may_run),
+                                      strategy=self.name, parents=events[-1:])
+            if gen is None:
+                break  # the budget ran out: what was written stands
             [comp] = gen
             events.append(gen.event_id)
             text, finish = text + comp.text, comp.finish_reason
