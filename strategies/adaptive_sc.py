@@ -97,7 +97,7 @@ class AdaptiveSelfConsistency(Seedable):
         eager: bool = Field(False, description="keep window samples running (less wall "
                             "time, more tokens aborted), not only as many as still needed")
         temperature: float = Field(0.7, ge=0.0, le=2.0,
-                                   description="sampling temperature (cot inner only)")
+                                   description="temperature the samples are drawn at")
 
     @staticmethod
     def worst_case(params: Params, children: Sequence[ChildCost]) -> int:

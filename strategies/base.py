@@ -68,7 +68,7 @@ class SampledParams(StrategyParams):
 
     n: int = Field(8, ge=1, le=64, description="samples")
     temperature: float = Field(0.7, ge=0.0, le=2.0,
-                               description="sampling temperature (cot inner only)")
+                               description="temperature the samples are drawn at")
 
 
 S = TypeVar("S", bound="Strategy")

@@ -73,9 +73,14 @@ class CoT(Strategy):
 async def sample_inner(inner: Strategy, task: Task, ctx: Context, n: int, *,
                        temperature: float | None = None,
                        logprobs: bool = False) -> list[Attempt]:
-    """``n`` attempts of ``inner``: one request with n samples for a :class:`Sampler`
-    (vLLM's parallel sampling), else n concurrent solves, each on an inner view."""
+    """``n`` attempts of ``inner`` at ``temperature`` (None: the context's): one request
+    with n samples for a :class:`Sampler` (vLLM's parallel sampling), else n concurrent
+    solves, each on an inner view sampling at that temperature (so ``sc(pot)`` in a
+    greedy run still draws n different programs)."""
     if isinstance(inner, Sampler):
         return await inner.sample(task, ctx.inner(), n, temperature=temperature,
                                   logprobs=logprobs)
-    return await gather_attempts(inner.solve(task, ctx.inner()) for _ in range(n))
+    view = ctx.inner()
+    if temperature is not None:
+        view = view.fork(params=ctx.params.but(temperature=temperature))
+    return await gather_attempts(inner.solve(task, view) for _ in range(n))

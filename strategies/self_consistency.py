@@ -95,7 +95,7 @@ class SelfConsistency(Seedable, LoopStrategy):
     default_inner = (CoT,)
 
     class Params(SampledParams):
-        """``n`` samples of the inner strategy, at ``temperature`` when it is cot."""
+        """``n`` samples of the inner strategy, drawn at ``temperature``."""
 
         tie_break: Literal["first", "logprob"] = Field(
             "first", description="who wins a tie: the group seen first, or the higher mean "

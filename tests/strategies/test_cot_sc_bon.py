@@ -141,3 +141,13 @@ async def test_weighted_best_of_n_sums_the_scores_of_each_answer():
 def test_an_unknown_step_scorer_is_refused_when_the_spec_is_built():
     with pytest.raises(SpecError, match="unknown step scorer 'nope'"):
         build('best_of_n(cot, step_scorer="nope")')
+
+
+async def test_sc_draws_an_inner_that_is_no_sampler_at_its_own_temperature():
+    # tir is no Sampler: its n solves run on a view at sc's temperature, so a greedy
+    # run (a cascade's first stage, say) still votes over different turns.
+    backend = ScriptedBackend([(r".*", "7 + 7 = 14. \\boxed{14}")])
+    greedy = ctx(backend)
+    greedy = greedy.fork(params=greedy.params.but(temperature=0.0))
+    await build("sc(tir, n=2, temperature=0.4)").solve(task(), greedy)
+    assert [c.params.temperature for c in backend.calls] == [0.4, 0.4]
