@@ -83,15 +83,17 @@ browser-packages:
 serve: setup-serve
 	$(VENV)/bin/refinery serve --host $(HOST) --port $(PORT) --model $(MODEL) --runs $(RUNS)
 
+# Two pytest processes side by side (scripts/run_tests.py): the tests on the session's
+# engine, and the rest; each group prints its 30 slowest tests.
 test: setup
 	$(VENV)/bin/ruff check .
-	VLLM_CPU_KVCACHE_SPACE=$(TEST_KVCACHE_GIB) $(PY) -m pytest -q -p no:cacheprovider --durations=30 $(PYTEST_ARGS)
+	VLLM_CPU_KVCACHE_SPACE=$(TEST_KVCACHE_GIB) $(PY) scripts/run_tests.py --durations=30 $(PYTEST_ARGS)
 
 # The whole suite with the full repetition counts of docs/reliability.md (kill loops,
 # sandbox soak, schema fuzzing); `make test` runs fewer of each.
 test-all: setup
 	$(VENV)/bin/ruff check .
-	REFINERY_TEST_ALL=1 VLLM_CPU_KVCACHE_SPACE=$(TEST_KVCACHE_GIB) $(PY) -m pytest -q -p no:cacheprovider --durations=30 $(PYTEST_ARGS)
+	REFINERY_TEST_ALL=1 VLLM_CPU_KVCACHE_SPACE=$(TEST_KVCACHE_GIB) $(PY) scripts/run_tests.py --durations=30 $(PYTEST_ARGS)
 
 test-fast: setup
 	VLLM_CPU_KVCACHE_SPACE=$(TEST_KVCACHE_GIB) $(PY) -m pytest -q -p no:cacheprovider -m "not e2e" $(PYTEST_ARGS)

@@ -21,7 +21,7 @@ import pytest
 
 from tests.waiting import wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.own_engines]
 REFINERY = Path(sys.executable).parent / "refinery"
 
 

@@ -221,6 +221,7 @@ def report(kind: str, counts: Counter, load: Load) -> None:
 # -- tests --------------------------------------------------------------------------------
 
 
+@pytest.mark.own_engines
 def test_engine_death_restart_then_sigterm_drain(engine_servers):
     """Engine core SIGKILLed under load with --on-engine-death restart, then SIGTERM."""
     srv = engine_servers.restart
@@ -269,6 +270,7 @@ def test_engine_death_restart_then_sigterm_drain(engine_servers):
         srv.stop()
 
 
+@pytest.mark.own_engines
 def test_engine_death_exit_policy_exits_cleanly(engine_servers):
     """Default policy (exit): in-flight requests fail well-formed, the server exits 3."""
     srv = engine_servers.exit
