@@ -37,6 +37,50 @@ def answer_part(text: str) -> str:
     return text.rpartition(THINK_END)[2] if THINK_END in text else text
 
 
+def extended(text: str, comp: Completion) -> str:
+    """The partial turn ``text`` with the continuation ``comp`` written on.
+
+    Only a first draft gets the start tag: a continuation goes on from a turn that
+    holds it already, and a reasoning parser that reads text without an end tag as
+    all thinking (``deepseek_r1``) must not make an answer written after a closed
+    thinking look like a second one.
+
+        >>> extended("<think>2+2</think>", Completion(text="", reasoning="4",
+        ...          prompt_tokens=1, completion_tokens=1, finish_reason="stop"))
+        '<think>2+2</think>4'
+    """
+    return text + raw_text(comp, thinking=bool(text))
+
+
+def inner_messages(inner: Strategy, task: Task) -> list[Message]:
+    """The conversation ``inner`` would sample (its ``messages(task)``; the task's own
+    for a strategy without), for a strategy that writes the turn itself."""
+    messages = getattr(inner, "messages", None)
+    return messages(task) if callable(messages) else list(task.messages)
+
+
+async def write_on(ctx: Context, messages: Sequence[Message], text: str,
+                   params: SamplingParams, *, strategy: str,
+                   events: list[str]) -> Completion | None:
+    """One continuation of the partial turn ``text`` (``continue_turn``), its event
+    appended to ``events``; None when the budget ran out (what was written stands)."""
+    gen = await continue_turn(ctx, messages, text, params, strategy=strategy,
+                              parents=events[-1:])
+    if gen is None:
+        return None
+    events.append(gen.event_id)
+    return gen[0]
+
+
+def thinking_params(params: SamplingParams, stops: Sequence[str], budget: int | None,
+                    spent: int) -> SamplingParams:
+    """``params`` with ``stops`` added and what is left of the thinking budget."""
+    changes: dict = {"stop": [*params.stop, *stops]} if stops else {}
+    if budget is not None:
+        changes["thinking_token_budget"] = max(0, budget - spent)
+    return params.but(**changes)
+
+
 class ForceThinking(Strategy):
     """``force_thinking(cot, min_tokens=256, word="Wait")``: think at least ``min_tokens``.
 
@@ -72,8 +116,7 @@ class ForceThinking(Strategy):
         return 1 + params.max_extensions
 
     def messages(self, task: Task) -> list[Message]:
-        inner_messages = getattr(self.inner[0], "messages", None)
-        return inner_messages(task) if callable(inner_messages) else list(task.messages)
+        return inner_messages(self.inner[0], task)
 
     async def solve(self, task: Task, ctx: Context) -> Attempt:
         require_continuation(ctx.backend)
@@ -81,15 +124,12 @@ class ForceThinking(Strategy):
         text, events, spent, extensions, finish = "", [], 0, 0, "stop"
         forcing = True
         while True:
-            params = self._params(ctx, forcing, budget, spent)
-            gen = await continue_turn(ctx, messages, text, params, strategy=self.name,
-                                      parents=events[-1:])
-            if gen is None:
+            params = thinking_params(ctx.params, [THINK_END] if forcing else [], budget, spent)
+            comp = await write_on(ctx, messages, text, params, strategy=self.name,
+                                  events=events)
+            if comp is None:
                 break  # the budget ran out: what was written stands
-            [comp] = gen
-            events.append(gen.event_id)
-            thinking = THINK_START in text and THINK_END not in text
-            text, finish = text + raw_text(comp, thinking), comp.finish_reason
+            text, finish = extended(text, comp), comp.finish_reason
             if not forcing or finish != "stop":
                 break  # it ran free to its end, or was cut
             spent += comp.completion_tokens
@@ -108,12 +148,3 @@ class ForceThinking(Strategy):
     def _extend(self, spent: int, extensions: int, budget: int | None) -> bool:
         return (spent < self.params.min_tokens and extensions < self.params.max_extensions
                 and (budget is None or spent < budget))
-
-    def _params(self, ctx: Context, forcing: bool, budget: int | None,
-                spent: int) -> SamplingParams:
-        changes: dict = {}
-        if forcing:
-            changes["stop"] = [*ctx.params.stop, THINK_END]
-        if budget is not None:
-            changes["thinking_token_budget"] = max(0, budget - spent)
-        return ctx.params.but(**changes)

@@ -36,6 +36,8 @@ from refinery.strategies.critique_refine import CritiqueRefine
 from refinery.strategies.deepconf import DeepConf
 from refinery.strategies.dei import DEI
 from refinery.strategies.dvts import DVTS
+from refinery.strategies.early_exit import EarlyExit
+from refinery.strategies.force_thinking import ForceThinking
 from refinery.strategies.genselect import GenSelect
 from refinery.strategies.mcts import MCTS
 from refinery.strategies.memory import Memory
@@ -69,6 +71,8 @@ STRATEGIES: tuple[tuple[type[Strategy], tuple[str, ...]], ...] = (
     (ReRead, ("reread", "re_reading")),
     (CoTReflection, ()),
     (DeepConf, ()),
+    (ForceThinking, ("budget_forcing",)),
+    (EarlyExit, ("deer",)),
     (ProgramOfThought, ("program_of_thought", "pal")),
     (SelfDebug, ("self_debugging",)),
     (ToolIntegratedReasoning, ("tool_integrated_reasoning",)),

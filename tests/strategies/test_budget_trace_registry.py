@@ -88,8 +88,8 @@ def test_registry_aliases_and_python_construction():
     names = [d["name"] for d in strategies.describe()]
     assert names == ["cot", "sc", "asc", "best_of_n", "critique_refine", "ssr", "ssr_ada",
                      "ssr_plan", "sage", "dei", "moa", "genselect", "re2", "cot_reflection",
-                     "deepconf", "pot", "self_debug", "tir", "beam", "dvts", "particle", "mcts",
-                     "memory", "cascade", "auto"]
+                     "deepconf", "force_thinking", "early_exit", "pot", "self_debug", "tir",
+                     "beam", "dvts", "particle", "mcts", "memory", "cascade", "auto"]
     dei = next(d for d in strategies.describe() if d["name"] == "dei")
     assert dei["params"]["votes"]["default"] == 10 and dei["inner"] == "1..any"
 

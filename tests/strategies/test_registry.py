@@ -25,7 +25,7 @@ def test_names_and_aliases_map_to_the_classes():
         # the graph grafts default inner strategies by name
         assert all(REGISTRY[inner.name] is inner for inner in cls.default_inner)
     # no name or alias is taken twice (the mapping would keep only the last)
-    assert len(REGISTRY) == sum(1 + len(aliases) for _, aliases in STRATEGIES) == 47
+    assert len(REGISTRY) == sum(1 + len(aliases) for _, aliases in STRATEGIES) == 51
 
 
 def readme_table_names() -> set[str]:
