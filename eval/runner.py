@@ -126,6 +126,9 @@ class EvalConfig(BaseModel):
     concurrency: int = Field(64, ge=1)
     backend: Literal["vllm", "openai", "vllm-server"] = "vllm"
     base_url: list[str] = Field(default_factory=list)
+    reasoning_parser: str | None = Field(None, description="vLLM's reasoning parser of the "
+                                         "in-process engine (deepseek_r1, qwen3): the "
+                                         "model's thinking split from its answer")
     dtype: str = Field("auto", description="in-process engine dtype; auto: what the CPU "
                        "computes natively (not part of the run's identity)")
     ray: RayOptions | None = Field(None, description="solve on Ray actors, one engine each "
@@ -143,6 +146,7 @@ class EvalConfig(BaseModel):
         """The settings a resumed run must share (not: concurrency, backend, URLs, paths)."""
         # ``skip`` only when set, so run directories made before it existed still resume.
         shard = {"skip": self.skip} if self.skip else {}
+        shard |= {"reasoning_parser": self.reasoning_parser} if self.reasoning_parser else {}
         return shard | {
             "dataset": self.dataset, "split": self.split, "limit": self.limit,
             "fields": dict(sorted(self.fields.items())), "verifier": self.verifier,
@@ -173,7 +177,8 @@ class RunSummary(BaseModel):
 def backend_spec(config: EvalConfig) -> BackendSpec:
     """The backend a config names: in-process vLLM, or an OpenAI-compatible server."""
     return BackendSpec(config.model, BackendKind(config.backend), tuple(config.base_url),
-                       max_concurrency=config.concurrency, dtype=config.dtype)
+                       max_concurrency=config.concurrency, dtype=config.dtype,
+                       reasoning_parser=config.reasoning_parser)
 
 
 def _result_row(ex: Example, index: int, trace: Trace, score: Any, *, spec: str, model: str,
