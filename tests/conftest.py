@@ -46,6 +46,29 @@ async def vllm_backend():
     await backend.aclose()
 
 
+THINK_MODEL = "smollm2-135m-think"  # distill/think_model.py: it writes <think>...</think>
+
+
+def think_model_built() -> bool:
+    from refinery.engine.models import cached_model_dir
+
+    return (cached_model_dir(THINK_MODEL) / "config.json").exists()
+
+
+@pytest.fixture(scope="session")
+async def thinking_backend():
+    """The small thinking model with vLLM's ``deepseek_r1`` reasoning parser: one engine
+    for the session's tests of thinking (a second one beside ``vllm_backend``)."""
+    if not think_model_built():
+        pytest.skip(f"needs the thinking model {THINK_MODEL!r} built: "
+                    f"refinery model-path {THINK_MODEL}")
+    from refinery.engine.backends.vllm import VLLMBackend, VLLMConfig
+
+    backend = await VLLMBackend.create(THINK_MODEL, VLLMConfig(reasoning_parser="deepseek_r1"))
+    yield backend
+    await backend.aclose()
+
+
 # -- vLLM's own servers, beside the in-process engine --------------------------------------
 #
 # Each start is mostly one core importing vLLM twice (the server, then its engine

@@ -119,24 +119,18 @@ def test_the_think_model_is_registered_and_says_how_to_build_it(tmp_path, monkey
 
 
 @pytest.mark.e2e
-async def test_the_built_model_thinks_then_answers_on_arith_test_problems():
-    from refinery.engine.backends.vllm import VLLMBackend
-    from refinery.engine.backends.vllm_engine import VLLMConfig
+async def test_the_built_model_thinks_then_answers_on_arith_test_problems(thinking_backend):
     from refinery.engine.types import Message, SamplingParams
 
-    path = ensure_think_model()  # built once (minutes), then cached
+    path = ensure_think_model()  # built: the session's thinking_backend runs it
     tok = AutoTokenizer.from_pretrained(path)
     assert [len(tok(t, add_special_tokens=False)["input_ids"]) for t in THINK_TOKENS] == [1] * 4
     recipe = ThinkRecipe.model_validate_json((path / RECIPE_FILE).read_text())
     assert recipe == ThinkRecipe() and read_train_record(path).config.trainable_tokens
-    backend = await VLLMBackend.create(THINK_MODEL, VLLMConfig(reasoning_parser="deepseek_r1"))
-    try:
-        problems = load_arith("test", limit=5)
-        params = SamplingParams(temperature=0.0, max_tokens=160)
-        replies = [(await backend.generate([Message(role="user", content=ex.prompt)],
-                                           params))[0] for ex in problems]
-    finally:
-        await backend.aclose()
+    problems = load_arith("test", limit=5)
+    params = SamplingParams(temperature=0.0, max_tokens=160)
+    replies = [(await thinking_backend.generate([Message(role="user", content=ex.prompt)],
+                                                params))[0] for ex in problems]
     # Measured: all 5 think (the reasoning parser splits it off), then answer boxed.
     shaped = [c for ex, c in zip(problems, replies, strict=True)
               if (c.reasoning or "").strip().startswith(ex.prompt.split()[0] + " starts with")

@@ -1,11 +1,11 @@
 """The in-process backend splits every completion into parts, against real vLLM.
 
 The embedded model has no think tokens, so the reasoning split needs the small
-thinking model (the embedded one with ``<think>``/``</think>`` added and trained);
-its test is skipped until that model is cached. The Hermes tool-call parser reads
-plain text, so the embedded model's session engine serves it: a second backend
-object shares the engine with a parser of its own (never closed: the engine is
-the session's).
+thinking model (the embedded one with ``<think>``/``</think>`` added and trained),
+the session's ``thinking_backend``; its test is skipped until that model is built.
+The Hermes tool-call parser reads plain text, so the embedded model's session
+engine serves it: a second backend object shares the engine with a parser of its
+own (never closed: the engine is the session's).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from refinery.engine.backends.vllm import VLLMBackend, VLLMConfig, chat_turn
 from refinery.engine.completion_parts import PartsParser
 from refinery.engine.errors import InvalidRequestError
-from refinery.engine.models import DEFAULT_MODEL, cached_model_dir
+from refinery.engine.models import DEFAULT_MODEL
 from refinery.engine.tool_calls import Call, Tool, envelope_constraint
 from refinery.engine.types import Message, SamplingParams
 
@@ -25,7 +25,6 @@ TOOLS = [Tool("add", "Add two numbers.",
               {"type": "object", "properties": {"a": {"type": "integer"}},
                "required": ["a"]})]
 ASK = [Message(role="user", content="Add 1 and 2 with the add tool.")]
-THINKING_MODEL = "smollm2-135m-think"  # the thinking model the reasoning test needs
 
 
 def hermes_backend(session: VLLMBackend) -> VLLMBackend:
@@ -77,17 +76,13 @@ async def test_an_unknown_parser_is_refused_before_the_engine_starts():
         await VLLMBackend.create(DEFAULT_MODEL, VLLMConfig(tool_call_parser="nope"))
 
 
-@pytest.mark.skipif(not (cached_model_dir(THINKING_MODEL) / "config.json").exists(),
-                    reason=f"needs the thinking model {THINKING_MODEL!r} cached")
-async def test_a_thinking_model_s_reasoning_is_split_off():
-    backend = await VLLMBackend.create(THINKING_MODEL, VLLMConfig(reasoning_parser="deepseek_r1"))
-    try:
-        params = SamplingParams(temperature=0.0, max_tokens=64)
-        [whole] = await backend.generate(ASK, params)
-        assert whole.reasoning and "<think>" not in whole.text + whole.reasoning
-        assert whole.reasoning_tokens is not None and whole.reasoning_tokens > 0
-        deltas = [d async for d in backend.stream(ASK, params)]
-        assert "".join(d.reasoning for d in deltas) == deltas[-1].completion.reasoning
-        assert "".join(d.text for d in deltas) == deltas[-1].completion.text
-    finally:
-        await backend.aclose()
+async def test_a_thinking_model_s_reasoning_is_split_off(thinking_backend):
+    backend = thinking_backend
+    assert backend.reasoning_parser == "deepseek_r1"
+    params = SamplingParams(temperature=0.0, max_tokens=64)
+    [whole] = await backend.generate(ASK, params)
+    assert whole.reasoning and "<think>" not in whole.text + whole.reasoning
+    assert whole.reasoning_tokens is not None and whole.reasoning_tokens > 0
+    deltas = [d async for d in backend.stream(ASK, params)]
+    assert "".join(d.reasoning for d in deltas) == deltas[-1].completion.reasoning
+    assert "".join(d.text for d in deltas) == deltas[-1].completion.text
