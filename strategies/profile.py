@@ -37,11 +37,14 @@ from pydantic import BaseModel, Field
 
 from refinery.engine.errors import InvalidRequestError
 
-__all__ = ["FEATURES", "LEVELS", "PROFILE", "Candidate", "CandidateStats", "Profile",
+__all__ = ["FEATURES", "LEVELS", "PROFILE", "SHIPPED", "Candidate", "CandidateStats", "Profile",
            "Router", "pareto_front", "question_features", "wilson_interval"]
 
 PROFILE = "profile.json"
 LEVELS = ("low", "medium", "high")
+# Profiles of the embedded model measured by `refinery tune` (docs/results.md), one
+# directory per task: what the server's effort levels run when no --profile is given.
+SHIPPED = Path(__file__).parent / "profiles"
 Z95 = statistics.NormalDist().inv_cdf(0.975)  # 1.95996...
 
 

@@ -6,6 +6,8 @@ import pytest
 
 from refinery.engine.errors import InvalidRequestError
 from refinery.strategies.profile import (
+    LEVELS,
+    SHIPPED,
     Candidate,
     CandidateStats,
     Profile,
@@ -71,3 +73,13 @@ def test_save_load_round_trip_and_a_missing_profile(tmp_path) -> None:
 def test_question_features() -> None:
     assert question_features("def f(x): return x^2 = 1234.5") == [
         3.4012, 6.0, 2.0, 5.0, 3.0, 0.0, 2.0, 2.0]
+
+
+def test_the_shipped_arith_profile_loads_with_monotone_levels_and_a_router() -> None:
+    profile = Profile.load(SHIPPED / "arith")
+    assert (profile.dataset, profile.model) == ("arith", "smollm2-135m")
+    specs = {name: profile.candidates[i].candidate.spec for name, i in profile.levels.items()}
+    assert specs == {"low": "cot", "medium": "pot",
+                     "high": "cascade(pot, sc(pot, n=8), until=ran)"}
+    accuracy = [profile.candidates[profile.levels[x]].accuracy for x in LEVELS]
+    assert accuracy == sorted(accuracy) and profile.router is not None
