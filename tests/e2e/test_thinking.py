@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from refinery.serving import ServerConfig
-from tests.conftest import THINK_MODEL
+from tests.conftest import THINK_MODEL, think_model_built
 
 pytestmark = pytest.mark.e2e
 
@@ -44,3 +44,39 @@ async def test_the_trace_shows_where_the_thinking_was_extended_or_ended(think_ur
     meta = trace["attempt"]["metadata"]
     assert meta[key] >= 1 and meta["thinking_tokens"] > 0, meta
     assert r.choices[0].message.content and "</think>" not in r.choices[0].message.content
+
+
+@pytest.fixture(scope="module")
+def think_vllm_server(tmp_path_factory) -> str:
+    """vLLM's own server on the thinking model with its reasoning parser (module-scoped:
+    one test uses it)."""
+    if not think_model_built():
+        pytest.skip(f"needs the thinking model {THINK_MODEL!r} built")
+    from refinery.engine.models import resolve_model
+    from tests.servers import start_vllm_server
+
+    server = start_vllm_server(
+        str(resolve_model(THINK_MODEL)),
+        ("--served-model-name", THINK_MODEL, "--reasoning-parser", "deepseek_r1"),
+        tmp_path_factory.mktemp("think-server") / "vllm.log", kvcache_gib=1)
+    try:
+        server.wait_ready(300)
+        yield server.url + "/v1"
+    finally:
+        server.terminate()
+
+
+async def test_behind_vllm_s_server_the_reasoning_is_read_back(think_vllm_server):
+    from refinery.engine.backends.openai import OpenAIBackend, OpenAIConfig
+    from refinery.engine.types import Message, SamplingParams
+
+    backend = OpenAIBackend(THINK_MODEL, think_vllm_server,
+                            config=OpenAIConfig(upstream="vllm", reasoning_parser="deepseek_r1"))
+    try:
+        deltas = [d async for d in backend.stream(
+            [Message(**Q[0])], SamplingParams(temperature=0.0, max_tokens=64))]
+    finally:
+        await backend.aclose()
+    final = deltas[-1].completion
+    assert final.reasoning and "".join(d.reasoning for d in deltas) == final.reasoning
+    assert "<think>" not in final.reasoning + final.text
