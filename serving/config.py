@@ -57,7 +57,8 @@ DEFAULT_EFFORT = {
 }
 
 
-def effort_levels(overrides: list[str] | None = None) -> dict[str, EffortLevel]:
+def effort_levels(overrides: list[str] | None = None,
+                  base: dict[str, EffortLevel] | None = None) -> dict[str, EffortLevel]:
     """The default levels with ``LEVEL=SPEC`` overrides (``LEVEL=`` or
     ``LEVEL=passthrough``: no strategy); a level keeps its token budget.
 
@@ -68,7 +69,7 @@ def effort_levels(overrides: list[str] | None = None) -> dict[str, EffortLevel]:
     Raises:
         ValueError: an item without ``=``, or a level OpenAI does not have.
     """
-    levels = dict(DEFAULT_EFFORT)
+    levels = dict(DEFAULT_EFFORT if base is None else base)
     for item in overrides or ():
         level, sep, spec = item.partition("=")
         level, spec = level.strip(), spec.strip()
@@ -78,6 +79,32 @@ def effort_levels(overrides: list[str] | None = None) -> dict[str, EffortLevel]:
         levels[level] = EffortLevel(spec if spec not in ("", "passthrough") else None,
                                     DEFAULT_EFFORT[level].max_tokens)
     return levels
+
+
+def profile_settings(directories: list[Path]) -> tuple[dict[str, EffortLevel], dict[str, str]]:
+    """The effort levels and presets that ``refinery tune`` profiles give a server.
+
+    ``low``/``medium``/``high`` run the first profile's level (``auto`` runs each
+    candidate at its measured temperature); the preset ``auto`` is the first
+    profile's router and ``auto-<task>`` each profile's router.
+
+    Raises:
+        InvalidRequestError: a directory without a profile.
+    """
+    from refinery.strategies.profile import Profile
+
+    effort, presets = dict(DEFAULT_EFFORT), {}
+    for k, directory in enumerate(directories):
+        task = Profile.load(directory).dataset
+        router = f"auto(profile={str(directory)!r})"
+        presets[f"auto-{task}"] = router
+        if k == 0:
+            presets["auto"] = router
+            for level in ("low", "medium", "high"):
+                effort[level] = EffortLevel(f"auto(profile={str(directory)!r}, "
+                                            f"level={level!r})",
+                                            DEFAULT_EFFORT[level].max_tokens)
+    return effort, presets
 
 
 @dataclass
@@ -149,6 +176,7 @@ class ServerConfig:
     store: Path | None = field(default_factory=lambda: refinery_home() / "responses.sqlite3")
     store_ttl_seconds: float = 30 * 24 * 3600.0
     enable_auto_tool_choice: bool = False
+    profiles: tuple[Path, ...] = ()
 
 
 def load_api_keys(path: str | os.PathLike[str] | None = None) -> frozenset[str]:

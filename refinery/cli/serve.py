@@ -12,6 +12,8 @@ Example:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 from refinery.cli.console import USAGE, fail
@@ -51,7 +53,8 @@ HELP = {
 
 
 @click.command()
-@config_flags(ServerConfig, leave_out=("presets", "effort", "api_keys", "allowed_hosts"),
+@config_flags(ServerConfig, leave_out=("presets", "effort", "api_keys", "allowed_hosts",
+                                      "profiles"),
               help=HELP)
 @host_option
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
@@ -63,6 +66,11 @@ HELP = {
               help="what a reasoning_effort level runs (repeatable; SPEC 'passthrough' for "
               "none); defaults: none, minimal passthrough; low cot; medium sc(cot, n=5); "
               "high sc(cot, n=16)")
+@click.option("--profile", "profiles", multiple=True, default=(), metavar="DIR",
+              type=click.Path(path_type=Path),
+              help="a `refinery tune` profile (repeatable, one per task): reasoning_effort "
+              "low/medium/high run the first one's levels, auto@MODEL its router, "
+              "auto-TASK@MODEL each one's router; --effort still overrides a level")
 @click.option("--compile", "compile_graph", is_flag=True,
               help="run vLLM in its torch.compile mode instead of eager: more tokens/s, a "
               "slower engine start (docs/benchmarks.md)")
@@ -77,7 +85,8 @@ HELP = {
     "(with --enable-auto-tool-choice for tool_choice 'auto')"))
 def serve(config: ServerConfig, host: str, port: int, backend: str,
           base_url: tuple[str, ...], dtype: str, upstream_api_key: str | None,
-          api_key_file: str | None, effort: tuple[str, ...], compile_graph: bool,
+          api_key_file: str | None, effort: tuple[str, ...], profiles: tuple[Path, ...],
+          compile_graph: bool,
           runs: str | None, hosts: tuple[str, ...], reasoning_parser: str | None,
           tool_call_parser: str | None) -> None:
     """Serve an OpenAI-compatible API with strategies selectable per request, and its
@@ -89,7 +98,9 @@ def serve(config: ServerConfig, host: str, port: int, backend: str,
 
     if config.enable_auto_tool_choice and tool_call_parser is None:
         fail("--enable-auto-tool-choice requires --tool-call-parser", USAGE)
-    config = dataclasses.replace(config, effort=_effort_levels(effort),
+    base, presets = _profile_settings(profiles)
+    config = dataclasses.replace(config, effort=_effort_levels(effort, base),
+                                 presets={**config.presets, **presets}, profiles=profiles,
                                  api_keys=load_api_keys(api_key_file),
                                  allowed_hosts=allowed_hosts(hosts))
     spec = BackendSpec(config.model, BackendKind(backend), tuple(base_url),
@@ -100,14 +111,25 @@ def serve(config: ServerConfig, host: str, port: int, backend: str,
     _run(app, host, port, config)
 
 
-def _effort_levels(effort: tuple[str, ...]) -> dict:
-    """The ``--effort`` levels; a bad spec fails here, not at a request."""
+def _profile_settings(profiles: tuple[Path, ...]) -> tuple[dict, dict[str, str]]:
+    """The ``--profile`` levels and presets; a bad directory fails here, at the start."""
+    from refinery.engine.errors import InvalidRequestError
+    from refinery.serving.config import profile_settings
+
+    try:
+        return profile_settings(list(profiles))
+    except InvalidRequestError as exc:
+        fail(f"--profile: {exc}", USAGE)
+
+
+def _effort_levels(effort: tuple[str, ...], base: dict | None = None) -> dict:
+    """The ``--effort`` levels over ``base``; a bad spec fails here, not at a request."""
     from refinery.engine.errors import SpecError
     from refinery.serving.config import effort_levels
     from refinery.strategies import build_with_graph
 
     try:
-        levels = effort_levels(list(effort))
+        levels = effort_levels(list(effort), base)
         for level in levels.values():
             if level.spec is not None:
                 build_with_graph(level.spec, max_calls=None)

@@ -31,9 +31,9 @@ PARITY = {
     ("distill", "loop"): (LoopConfig, set(), {"progress"}),
     ("distill", "train"): (TrainConfig, set(), set()),
     ("tune",): (TuneConfig, set(), {"progress"}),
-    ("serve",): (ServerConfig, {"presets", "effort", "api_keys", "allowed_hosts"},
+    ("serve",): (ServerConfig, {"presets", "effort", "api_keys", "allowed_hosts", "profiles"},
                  {"host", "port", "backend", "base_url", "dtype", "upstream_api_key",
-                  "api_key_file", "effort", "compile_graph", "runs", "hosts",
+                  "api_key_file", "effort", "compile_graph", "runs", "hosts", "profiles",
                   "reasoning_parser", "tool_call_parser"}),
 }
 
