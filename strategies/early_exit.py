@@ -78,19 +78,16 @@ class EarlyExit(Strategy):
     def messages(self, task: Task) -> list[Message]:
         return inner_messages(self.inner[0], task)
 
-    @property
-    def boundaries(self) -> list[str]:
-        return self.params.boundaries.split("|")
-
     async def solve(self, task: Task, ctx: Context) -> Attempt:
         require_continuation(ctx.backend)
         p = self.params
-        monitor = EarlyExitRule(p.threshold, p.repeats, tuple(self.boundaries)).start()
+        rule = EarlyExitRule(p.threshold, p.repeats, tuple(p.boundaries.split("|")))
+        monitor = rule.start()
         messages, budget = self.messages(task), ctx.params.thinking_token_budget
         text, events, spent, finish, exit_at = "", [], 0, "stop", None
         while True:
             watching = THINK_END not in text and len(monitor.trials) < p.max_trials
-            params = thinking_params(ctx.params, self.boundaries if watching else [], budget,
+            params = thinking_params(ctx.params, rule.boundaries if watching else (), budget,
                                      spent)
             comp = await write_on(ctx, messages, text, params, strategy=self.name,
                                   events=events)

@@ -49,20 +49,25 @@ async def vllm_backend():
 THINK_MODEL = "smollm2-135m-think"  # distill/think_model.py: it writes <think>...</think>
 
 
-def think_model_built() -> bool:
-    from refinery.engine.models import cached_model_dir
+def think_model_dir() -> str:
+    """The built thinking model's directory; the test is skipped, with how to build it,
+    when it is not built."""
+    from refinery.engine.errors import UnknownModelError
+    from refinery.engine.models import BUILT_MODELS, built_model
 
-    return (cached_model_dir(THINK_MODEL) / "config.json").exists()
+    try:
+        return str(built_model(BUILT_MODELS[THINK_MODEL]))
+    except UnknownModelError as exc:
+        pytest.skip(exc.message)
 
 
 @pytest.fixture(scope="session")
 async def thinking_backend():
     """The small thinking model with vLLM's ``deepseek_r1`` reasoning parser: one engine
     for the session's tests of thinking (a second one beside ``vllm_backend``)."""
-    if not think_model_built():
-        pytest.skip(f"needs the thinking model {THINK_MODEL!r} built: "
-                    f"refinery model-path {THINK_MODEL}")
     from refinery.engine.backends.vllm import VLLMBackend, VLLMConfig
+
+    think_model_dir()
 
     backend = await VLLMBackend.create(THINK_MODEL, VLLMConfig(reasoning_parser="deepseek_r1"))
     yield backend

@@ -113,7 +113,7 @@ async def test_a_previous_response_id_chain_feeds_the_model_every_earlier_turn(s
                                     **greedy)
     r3 = await api.responses.create(input="What is my name?", previous_response_id=r2.id,
                                     **greedy)
-    # What the server fed turn 3: every earlier turn, as the one stored chain...
+    # What the server fed the third request: every earlier one, as the one stored chain...
     listed = await api.responses.input_items.list(r3.id, order="asc")
     said = [(i.role, i.content[0].text) for i in listed.data]
     answers = [r1.output_text, r2.output_text]

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from refinery.serving import ServerConfig
-from tests.conftest import THINK_MODEL, think_model_built
+from tests.conftest import THINK_MODEL, think_model_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -50,13 +50,11 @@ async def test_the_trace_shows_where_the_thinking_was_extended_or_ended(think_ur
 def think_vllm_server(tmp_path_factory) -> str:
     """vLLM's own server on the thinking model with its reasoning parser (module-scoped:
     one test uses it)."""
-    if not think_model_built():
-        pytest.skip(f"needs the thinking model {THINK_MODEL!r} built")
-    from refinery.engine.models import resolve_model
+    path = think_model_dir()
     from tests.servers import start_vllm_server
 
     server = start_vllm_server(
-        str(resolve_model(THINK_MODEL)),
+        path,
         ("--served-model-name", THINK_MODEL, "--reasoning-parser", "deepseek_r1"),
         tmp_path_factory.mktemp("think-server") / "vllm.log", kvcache_gib=1)
     try:
